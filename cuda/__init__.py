@@ -1,0 +1,1 @@
+"""C++/CUDA kernel sources (the checkout keeps them in the top-level ``cuda/``)."""

@@ -1,0 +1,125 @@
+r"""The fast Walsh–Hadamard transform and the fused WHVI product, for every backend.
+
+Public ops:
+
+* :func:`fwht` — :math:`y = H x` over the last dimension, :math:`O(D \log D)`.
+* :func:`whvi_matvec` — :math:`y = s_1 \odot H(g \odot H(s_2 \odot x))`, the product of an input with
+  the WHVI weight :math:`W = S_1 H \operatorname{diag}(g) H S_2` without forming :math:`W`.
+* Shape helpers for sizes that are not powers of two: :func:`pad_to_power_of_two`,
+  :func:`setup_dimensions` (WHVI Algorithm 1), :func:`stacked_whvi_matvec`, :func:`stacked_whvi_weight`.
+
+Both ops are ``torch.library`` operators (``torch.ops.pyro_whvi.fwht`` and
+``torch.ops.pyro_whvi.whvi_matvec``) with fake kernels, so ``torch.compile(fullgraph=True)`` traces
+through them, and they are differentiable in every tensor input. The backend is chosen at run time
+(:mod:`pyro_whvi.ops.backends`).
+
+References:
+    S. Rossi, S. Marmin, M. Filippone. *Walsh-Hadamard Variational Inference for Bayesian Deep
+    Learning*. NeurIPS 2020: §2.1 (FWHT), §2.2 (``W h`` in :math:`O(D \log D)`), §2.5 and
+    Algorithm 1 (shapes), §3.4 and App. D.5 (timings).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from . import _library  # noqa: F401  (registers the torch.ops.pyro_whvi operators)
+from . import reference
+from ._checks import check_fwht, check_whvi_matvec, next_power_of_two
+from .backends import (
+    compiled_available,
+    get_backend,
+    load_compiled,
+    set_backend,
+    use_backend,
+    use_compiled_kernels,
+)
+from .shapes import WHVIDimensions, pad_to_power_of_two, setup_dimensions, stacked_whvi_matvec, stacked_whvi_weight
+
+__all__ = [
+    "WHVIDimensions",
+    "compiled_available",
+    "fwht",
+    "get_backend",
+    "load_compiled",
+    "next_power_of_two",
+    "pad_to_power_of_two",
+    "reference",
+    "set_backend",
+    "setup_dimensions",
+    "stacked_whvi_matvec",
+    "stacked_whvi_weight",
+    "use_backend",
+    "whvi_matvec",
+]
+
+_FWHT_OP = torch.ops.pyro_whvi.fwht.default
+_WHVI_MATVEC_OP = torch.ops.pyro_whvi.whvi_matvec.default
+
+
+def fwht(x: Tensor, normalized: bool = True) -> Tensor:
+    r"""Fast Walsh–Hadamard transform over the last dimension.
+
+    .. math:: y = D^{-1/2} H_D\, x, \qquad H_{2D} = \begin{bmatrix} H_D & H_D \\ H_D & -H_D \end{bmatrix},
+       \quad H_1 = [1].
+
+    With ``normalized=True`` (default) the matrix is orthonormal and symmetric, so the transform
+    is its own inverse; with ``False`` it is the :math:`\pm 1` matrix :math:`H_D`. The backward
+    pass is the same transform of the incoming gradient.
+
+    :param x: real floating tensor of shape ``(..., D)``, ``D`` a power of two (pad other sizes
+        with :func:`pad_to_power_of_two`). Non-contiguous inputs are accepted.
+    :param normalized: whether to scale by :math:`D^{-1/2}`.
+    :returns: a new contiguous tensor of the same shape and dtype.
+    :raises ValueError: if ``D`` is not a power of two.
+    :raises TypeError: for integer, boolean or complex inputs.
+
+    References:
+        WHVI paper (Rossi et al., NeurIPS 2020), §2.1.
+    """
+    check_fwht(x)
+    if use_compiled_kernels(x):
+        return _FWHT_OP(x, normalized)
+    return reference.fwht(x, normalized)
+
+
+def _as_suffix_of(diagonal: Tensor, shape: torch.Size) -> Tensor:
+    """Reshape a diagonal so its shape is a suffix of ``shape`` (what the kernels index), or expand it."""
+    while diagonal.dim() > 1 and diagonal.shape[0] == 1:
+        diagonal = diagonal.squeeze(0)
+    if tuple(shape[len(shape) - diagonal.dim():]) != tuple(diagonal.shape):
+        diagonal = diagonal.expand(shape)
+    return diagonal
+
+
+def whvi_matvec(x: Tensor, s1: Tensor, g: Tensor, s2: Tensor) -> Tensor:
+    r"""Product of inputs with WHVI weights, :math:`W x` with :math:`W = S_1 H \operatorname{diag}(g) H S_2`.
+
+    .. math:: y = s_1 \odot H\big(g \odot H(s_2 \odot x)\big)
+
+    with the orthonormal :math:`H` of :func:`fwht`, computed row by row in one pass and
+    :math:`O(D \log D)` per row, without forming the :math:`D \times D` matrix :math:`W`.
+    Passing one ``g`` per example (shape ``(..., D)``) is WHVI's local reparameterization
+    (paper eq. 6): every example sees an independent weight sample.
+
+    :param x: inputs, ``(..., D)``, ``D`` a power of two.
+    :param s1: left diagonal, ``(D,)`` (or any shape that broadcasts with ``x``).
+    :param g: the latent diagonal: ``(D,)`` shared by all rows, or ``(..., D)`` one per row.
+    :param s2: right diagonal, ``(D,)`` (or broadcastable).
+    :returns: tensor of the broadcast shape of all four inputs.
+
+    All inputs must share dtype and device; gradients flow to all four.
+
+    References:
+        WHVI paper (Rossi et al., NeurIPS 2020), §2.2 (eq. 3–6), App. D.5.
+    """
+    check_whvi_matvec(x, s1, g, s2)
+    if not use_compiled_kernels(x):
+        return reference.whvi_matvec(x, s1, g, s2)
+    if s1.dim() == 1 and s2.dim() == 1 and (g.dim() == 1 or g.shape == x.shape):
+        return _WHVI_MATVEC_OP(x, s1, g, s2)  # the common layouts, as the kernel indexes them
+    shape = torch.broadcast_shapes(x.shape, s1.shape, g.shape, s2.shape)
+    if x.shape != shape:
+        x = x.expand(shape)
+    return _WHVI_MATVEC_OP(x, _as_suffix_of(s1, shape), _as_suffix_of(g, shape), _as_suffix_of(s2, shape))

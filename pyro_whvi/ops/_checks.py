@@ -1,0 +1,80 @@
+"""Input validation for the public ops: early errors that say what was expected and how to fix it."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+_FLOAT_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
+
+
+def check_tensor(op: str, name: str, t: object) -> Tensor:
+    if not isinstance(t, Tensor):
+        raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}.")
+    if t.dtype not in _FLOAT_DTYPES:
+        kind = "complex" if t.is_complex() else ("boolean" if t.dtype == torch.bool else "integer")
+        raise TypeError(
+            f"{op}: {name} has {kind} dtype {t.dtype}; the Walsh–Hadamard ops take real floating "
+            f"tensors (float32 or float64; float16/bfloat16 run on the reference). "
+            f"Convert with {name}.float() or {name}.double()."
+        )
+    if t.dim() == 0:
+        raise ValueError(f"{op}: {name} must have at least one dimension (the transformed one), got a scalar.")
+    return t
+
+
+def check_power_of_two(op: str, name: str, size: int) -> None:
+    if size <= 0 or size & (size - 1):
+        hint = (
+            f"Pad it with pyro_whvi.ops.pad_to_power_of_two (zeros up to {next_power_of_two(size)})"
+            if size > 0
+            else "An empty last dimension cannot be transformed"
+        )
+        raise ValueError(
+            f"{op}: the last dimension of {name} has size {size}, which is not a power of two. "
+            f"{hint}; for a weight matrix of any shape see pyro_whvi.ops.setup_dimensions "
+            "(WHVI paper, Algorithm 1)."
+        )
+
+
+def next_power_of_two(n: int) -> int:
+    """The smallest power of two that is ``>= n`` (1 for ``n <= 1``)."""
+    return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
+
+
+def check_fwht(x: object) -> Tensor:
+    t = check_tensor("fwht", "x", x)
+    check_power_of_two("fwht", "x", t.shape[-1])
+    return t
+
+
+def check_whvi_matvec(x: object, s1: object, g: object, s2: object) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    op = "whvi_matvec"
+    tensors = [check_tensor(op, name, t) for name, t in (("x", x), ("s1", s1), ("g", g), ("s2", s2))]
+    x_t = tensors[0]
+    size = x_t.shape[-1]
+    check_power_of_two(op, "x", size)
+    for name, t in zip(("s1", "g", "s2"), tensors[1:]):
+        if t.shape[-1] != size:
+            raise ValueError(
+                f"{op}: {name} has shape {tuple(t.shape)} but x has shape {tuple(x_t.shape)}; the last "
+                f"dimensions must agree (D = {size}). s1 and s2 are usually ({size},) and g is "
+                f"({size},) when shared or (..., {size}) with one row per example."
+            )
+        if t.device != x_t.device:
+            raise ValueError(f"{op}: {name} is on {t.device} but x is on {x_t.device}; move them to one device.")
+        if t.dtype != x_t.dtype:
+            raise TypeError(
+                f"{op}: {name} has dtype {t.dtype} but x has {x_t.dtype}; convert them to one dtype."
+            )
+    if all(t.dim() == 1 for t in tensors[1:]) or (tensors[2].shape == x_t.shape and tensors[1].dim() == 1 == tensors[3].dim()):
+        return x_t, tensors[1], tensors[2], tensors[3]
+    try:
+        torch.broadcast_shapes(*(t.shape for t in tensors))
+    except RuntimeError:
+        shapes = ", ".join(f"{n}={tuple(t.shape)}" for n, t in zip(("x", "s1", "g", "s2"), tensors))
+        raise ValueError(
+            f"{op}: the batch shapes do not broadcast ({shapes}). g may be shared ({size},) or hold "
+            f"one row per example, with a shape that broadcasts against x's."
+        ) from None
+    return tensors[0], tensors[1], tensors[2], tensors[3]

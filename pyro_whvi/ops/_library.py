@@ -1,0 +1,93 @@
+"""Registration of the ``pyro_whvi::*`` operators with ``torch.library``.
+
+The schemas, the fake (meta) kernels used by ``torch.compile`` and the default kernels (the
+pure-PyTorch reference, for every device) live here. The compiled extension overrides the CPU
+kernels and the CPU autograd kernel from C++ (``cuda/fwht_cpu.cpp``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from . import reference
+
+_LIB = torch.library.Library("pyro_whvi", "DEF")
+_LIB.define("fwht(Tensor x, bool normalized=True) -> Tensor")
+_LIB.define("whvi_matvec(Tensor x, Tensor s1, Tensor g, Tensor s2) -> Tensor")
+_LIB.define(
+    "whvi_matvec_backward(Tensor grad, Tensor x, Tensor s1, Tensor g, Tensor s2)"
+    " -> (Tensor, Tensor, Tensor, Tensor)"
+)
+
+
+def _fwht_kernel(x: Tensor, normalized: bool = True) -> Tensor:
+    return reference.fwht(x, normalized).contiguous()
+
+
+def _whvi_matvec_kernel(x: Tensor, s1: Tensor, g: Tensor, s2: Tensor) -> Tensor:
+    return reference.whvi_matvec(x, s1, g, s2).contiguous()
+
+
+def _whvi_matvec_backward_kernel(
+    grad: Tensor, x: Tensor, s1: Tensor, g: Tensor, s2: Tensor
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    grads = reference.whvi_matvec_backward(grad, x, s1, g, s2)
+    return tuple(t.contiguous() for t in grads)  # type: ignore[return-value]
+
+
+_LIB.impl("fwht", _fwht_kernel, "CompositeExplicitAutograd")
+_LIB.impl("whvi_matvec", _whvi_matvec_kernel, "CompositeExplicitAutograd")
+_LIB.impl("whvi_matvec_backward", _whvi_matvec_backward_kernel, "CompositeExplicitAutograd")
+
+
+def _contiguous_like(t: Tensor) -> Tensor:
+    return torch.empty_like(t, memory_format=torch.contiguous_format)
+
+
+@torch.library.register_fake("pyro_whvi::fwht", lib=_LIB)
+def _fwht_fake(x: Tensor, normalized: bool = True) -> Tensor:
+    return _contiguous_like(x)
+
+
+@torch.library.register_fake("pyro_whvi::whvi_matvec", lib=_LIB)
+def _whvi_matvec_fake(x: Tensor, s1: Tensor, g: Tensor, s2: Tensor) -> Tensor:
+    return _contiguous_like(x)
+
+
+@torch.library.register_fake("pyro_whvi::whvi_matvec_backward", lib=_LIB)
+def _whvi_matvec_backward_fake(
+    grad: Tensor, x: Tensor, s1: Tensor, g: Tensor, s2: Tensor
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    return _contiguous_like(x), _contiguous_like(s1), _contiguous_like(g), _contiguous_like(s2)
+
+
+# Autograd for devices without a compiled autograd kernel (the CPU one is in C++).
+def _fwht_setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
+    ctx.normalized = inputs[1] if len(inputs) > 1 else True
+
+
+def _fwht_backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
+    return torch.ops.pyro_whvi.fwht(grad, ctx.normalized), None
+
+
+def _whvi_matvec_setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
+    ctx.save_for_backward(*inputs)
+
+
+def _whvi_matvec_backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    x, s1, g, s2 = ctx.saved_tensors
+    return torch.ops.pyro_whvi.whvi_matvec_backward(grad, x, s1, g, s2)
+
+
+torch.library.register_autograd(
+    "pyro_whvi::fwht", _fwht_backward, setup_context=_fwht_setup_context, lib=_LIB
+)
+torch.library.register_autograd(
+    "pyro_whvi::whvi_matvec",
+    _whvi_matvec_backward,
+    setup_context=_whvi_matvec_setup_context,
+    lib=_LIB,
+)
