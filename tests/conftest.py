@@ -1,0 +1,48 @@
+"""Shared test set-up: float64 by default, Pyro validation on, a clean param store, and the
+list of backends every op test runs through."""
+
+from __future__ import annotations
+
+import os
+
+import pyro
+import pytest
+import torch
+
+from pyro_whvi import ops
+
+BACKENDS = ("reference", "compiled")
+
+
+@pytest.fixture(autouse=True)
+def _defaults():
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    pyro.set_rng_seed(0)
+    pyro.clear_param_store()
+    with pyro.validation_enabled(True):
+        yield
+    torch.set_default_dtype(previous)
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request):
+    """Run the test once per backend. The compiled one is skipped when it cannot be built,
+    unless PYRO_WHVI_REQUIRE_COMPILED=1 (set by `make test`), which turns that into a failure."""
+    name = request.param
+    if name == "compiled" and not ops.compiled_available():
+        reason = f"compiled kernels unavailable: {ops.backends.compiled_error()}"
+        if os.environ.get("PYRO_WHVI_REQUIRE_COMPILED") == "1":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    with ops.use_backend(name):
+        yield name
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip_cuda = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip_cuda)

@@ -1,0 +1,97 @@
+"""torch.library registration: opcheck, fake kernels and torch.compile(fullgraph=True)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from pyro_whvi import ops
+
+
+def _samples():
+    size = 16
+    x = torch.randn(3, size, requires_grad=True)
+    s1, g, s2 = (torch.randn(size, requires_grad=True) for _ in range(3))
+    g_rows = torch.randn(3, size, requires_grad=True)
+    return [
+        (torch.ops.pyro_whvi.fwht.default, (x, True)),
+        (torch.ops.pyro_whvi.fwht.default, (torch.randn(2, 4, 8), False)),
+        (torch.ops.pyro_whvi.whvi_matvec.default, (x, s1, g, s2)),
+        (torch.ops.pyro_whvi.whvi_matvec.default, (x, s1, g_rows, s2)),
+    ]
+
+
+def test_opcheck_compiled_kernels():
+    if not ops.compiled_available():
+        pytest.skip("compiled kernels unavailable")
+    for op, args in _samples():
+        torch.library.opcheck(op, args)
+
+
+def test_opcheck_reference_kernels_in_a_fresh_process():
+    """With the compiled library never loaded, the ops run their registered reference kernels."""
+    script = textwrap.dedent(
+        """
+        import os, torch
+        os.environ["PYRO_WHVI_BACKEND"] = "reference"
+        torch.set_default_dtype(torch.float64)
+        from pyro_whvi import ops
+        from tests.test_registration import _samples
+        for op, args in _samples():
+            torch.library.opcheck(op, args)
+        assert ops.backends._State.compiled is None  # nothing was built or loaded
+        print("ok")
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=_env_with_repo())
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "ok" in result.stdout
+
+
+def _env_with_repo():
+    import os
+    from pathlib import Path
+
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parents[1])
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYRO_WHVI_BACKEND"] = "reference"
+    return env
+
+
+def _model(x, s1, g, s2):
+    h = ops.whvi_matvec(x, s1, g, s2)
+    return ops.fwht(torch.tanh(h)).sum(-1)
+
+
+@pytest.mark.parametrize("compile_backend", ["aot_eager", "inductor"])
+def test_torch_compile_fullgraph(backend, compile_backend):
+    torch._dynamo.reset()
+    size = 32
+    x = torch.randn(4, size, requires_grad=True)
+    s1, s2 = (torch.randn(size, requires_grad=True) for _ in range(2))
+    g = torch.randn(4, size, requires_grad=True)
+    compiled = torch.compile(_model, fullgraph=True, backend=compile_backend)
+    out = compiled(x, s1, g, s2)
+    expected = _model(x, s1, g, s2)
+    torch.testing.assert_close(out, expected)
+    grads = torch.autograd.grad(out.sum(), (x, s1, g, s2))
+    expected_grads = torch.autograd.grad(expected.sum(), (x, s1, g, s2))
+    for got, want in zip(grads, expected_grads):
+        torch.testing.assert_close(got, want)
+
+
+def test_fake_kernels_give_shapes():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        x = torch.empty(5, 7, 64)
+        s = torch.empty(64)
+        assert torch.ops.pyro_whvi.fwht(x, True).shape == (5, 7, 64)
+        assert torch.ops.pyro_whvi.whvi_matvec(x, s, x, s).shape == (5, 7, 64)
+        grads = torch.ops.pyro_whvi.whvi_matvec_backward(x, x, s, x, s)
+        assert [t.shape for t in grads] == [x.shape, s.shape, x.shape, s.shape]
