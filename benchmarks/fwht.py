@@ -42,7 +42,7 @@ def _hadamard_transform() -> Callable[[torch.Tensor], torch.Tensor] | None:
         from hadamard_transform import hadamard_transform
     except ImportError:
         return None
-    return hadamard_transform  # type: ignore[no-any-return]
+    return hadamard_transform
 
 
 def _time(fn: Callable[[], Any], min_run_time: float, backend: str) -> float:
@@ -50,6 +50,30 @@ def _time(fn: Callable[[], Any], min_run_time: float, backend: str) -> float:
         fn()  # warm-up
         timer = benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=torch.get_num_threads())
         return float(timer.blocked_autorange(min_run_time=min_run_time).median)
+
+
+def _case(
+    op: str,
+    method: str,
+    t: dict[str, torch.Tensor],
+    hadamard_transform: Callable[[torch.Tensor], torch.Tensor] | None,
+) -> Callable[[], Any] | None:
+    """The call to time for one (op, method) on the inputs ``t``; None if the method is unavailable."""
+    if op == "fwht":
+        cases: dict[str, Callable[[], Any] | None] = {
+            "compiled": lambda: ops.fwht(t["x"]),
+            "reference": lambda: ops.fwht(t["x"]),
+            "hadamard-transform": (lambda: hadamard_transform(t["x"])) if hadamard_transform else None,
+            "dense matmul": lambda: t["x"] @ t["H"],
+            "clone": lambda: t["x"].clone(),
+        }
+    else:
+        cases = {
+            "compiled": lambda: ops.whvi_matvec(t["x"], t["s1"], t["g"], t["s2"]),
+            "reference": lambda: ops.whvi_matvec(t["x"], t["s1"], t["g"], t["s2"]),
+            "dense matmul": lambda: t["x"] @ t["W"].T,
+        }
+    return cases[method]
 
 
 def measure(sizes: list[int], batch: int, min_run_time: float, reps_label: str) -> list[dict[str, Any]]:
@@ -67,22 +91,7 @@ def measure(sizes: list[int], batch: int, min_run_time: float, reps_label: str) 
             hadamard = ops.fwht(torch.eye(size), normalized=True)  # rows of the normalized H
             weight = ops.stacked_whvi_weight(s1[None], g[None], s2[None], size, size)
             inputs[size] = {"x": x, "s1": s1, "g": g, "s2": s2, "H": hadamard, "W": weight}
-        t = inputs[size]
-        fn: Callable[[], Any] | None
-        if op == "fwht":
-            fn = {
-                "compiled": lambda: ops.fwht(t["x"]),
-                "reference": lambda: ops.fwht(t["x"]),
-                "hadamard-transform": (lambda: hadamard_transform(t["x"])) if hadamard_transform else None,
-                "dense matmul": lambda: t["x"] @ t["H"],
-                "clone": lambda: t["x"].clone(),
-            }[method]
-        else:
-            fn = {
-                "compiled": lambda: ops.whvi_matvec(t["x"], t["s1"], t["g"], t["s2"]),
-                "reference": lambda: ops.whvi_matvec(t["x"], t["s1"], t["g"], t["s2"]),
-                "dense matmul": lambda: t["x"] @ t["W"].T,
-            }[method]
+        fn = _case(op, method, inputs[size], hadamard_transform)
         if fn is None:
             continue
         backend = "reference" if method == "reference" else "compiled"
@@ -193,7 +202,10 @@ def main(argv: list[str] | None = None) -> int:
         writer.writerows(table)
     (args.out / f"{stem}.md").write_text(text + "\n")
     plotted = plot(table, args.out / f"{stem}.png")
-    print(f"\nsaved {args.out / stem}.{{json,csv,md}}" + (" and .png" if plotted else " (install matplotlib for the plot)"))
+    print(
+        f"\nsaved {args.out / stem}.{{json,csv,md}}"
+        + (" and .png" if plotted else " (install matplotlib for the plot)")
+    )
     return 0
 
 

@@ -105,11 +105,11 @@ inline void cross_vector_pass(T* x, int64_t len, int64_t h, Diagonal<T> post, T 
     for (int64_t j = 0; j < h; j += W) {
       T* p = x + base + j;
       V a[R];
-#pragma GCC unroll 8
+#pragma GCC unroll 16
       for (int k = 0; k < R; ++k) a[k] = load<V>(p + k * h);
-#pragma GCC unroll 8
+#pragma GCC unroll 16
       for (int s = 1; s < R; s <<= 1) {
-#pragma GCC unroll 8
+#pragma GCC unroll 16
         for (int k = 0; k < R; ++k) {
           if ((k & s) == 0) {
             const V u = a[k];
@@ -120,13 +120,13 @@ inline void cross_vector_pass(T* x, int64_t len, int64_t h, Diagonal<T> post, T 
         }
       }
       if (post.ptr != nullptr) {
-#pragma GCC unroll 8
+#pragma GCC unroll 16
         for (int k = 0; k < R; ++k) a[k] *= load<V>(post.ptr + ((base + j + k * h) & post.mask)) * scale;
       } else if (scale != T(1)) {
-#pragma GCC unroll 8
+#pragma GCC unroll 16
         for (int k = 0; k < R; ++k) a[k] *= scale;
       }
-#pragma GCC unroll 8
+#pragma GCC unroll 16
       for (int k = 0; k < R; ++k) store(p + k * h, a[k]);
     }
   }
@@ -140,15 +140,15 @@ inline void first_pass(const T* src, Diagonal<T> pre, T* dst, int64_t len, Diago
   constexpr int64_t W = Vec<T>::width;
   for (int64_t base = 0; base < len; base += R * W) {
     V a[R];
-#pragma GCC unroll 8
+#pragma GCC unroll 16
     for (int k = 0; k < R; ++k) {
       a[k] = load<V>(src + base + k * W);
       if (pre.ptr != nullptr) a[k] *= load<V>(pre.ptr + ((base + k * W) & pre.mask));
       a[k] = in_vector_stages(a[k]);
     }
-#pragma GCC unroll 8
+#pragma GCC unroll 16
     for (int s = 1; s < R; s <<= 1) {
-#pragma GCC unroll 8
+#pragma GCC unroll 16
       for (int k = 0; k < R; ++k) {
         if ((k & s) == 0) {
           const V u = a[k];
@@ -159,13 +159,13 @@ inline void first_pass(const T* src, Diagonal<T> pre, T* dst, int64_t len, Diago
       }
     }
     if (post.ptr != nullptr) {
-#pragma GCC unroll 8
+#pragma GCC unroll 16
       for (int k = 0; k < R; ++k) a[k] *= load<V>(post.ptr + ((base + k * W) & post.mask)) * scale;
     } else if (scale != T(1)) {
-#pragma GCC unroll 8
+#pragma GCC unroll 16
       for (int k = 0; k < R; ++k) a[k] *= scale;
     }
-#pragma GCC unroll 8
+#pragma GCC unroll 16
     for (int k = 0; k < R; ++k) store(dst + base + k * W, a[k]);
   }
 }
@@ -198,10 +198,11 @@ void transform_chunk(const T* src, Diagonal<T> pre, T* dst, int64_t n, int64_t l
   }
   int64_t cross_stages = 0;
   for (int64_t m = n / W; m > 1; m >>= 1) ++cross_stages;
-  // Radix-8 passes; a remainder of 4 stages is split 2 + 2 rather than 3 + 1.
-  auto radix_log_for = [](int64_t stages) -> int { return stages == 4 ? 2 : static_cast<int>(std::min<int64_t>(stages, 3)); };
+  // Radix-8 passes, and a last pass of up to radix-16 (16 vectors: a few spills, cheaper than a pass).
+  auto radix_log_for = [](int64_t stages) -> int { return static_cast<int>(stages <= 4 ? stages : 3); };
   const Diagonal<T> none{nullptr, 0};
-  int radix_log = radix_log_for(cross_stages);
+  // The first pass also does the in-vector stages: at most radix-8 there, or it spills.
+  int radix_log = static_cast<int>(std::min<int64_t>(cross_stages, 3));
   bool last = radix_log == cross_stages;
   switch (radix_log) {
     case 0: first_pass<1>(src, pre, dst, len, post, scale); break;
@@ -216,7 +217,8 @@ void transform_chunk(const T* src, Diagonal<T> pre, T* dst, int64_t n, int64_t l
     last = radix_log == cross_stages;
     const Diagonal<T> p = last ? post : none;
     const T s = last ? scale : T(1);
-    if (radix_log == 3) cross_vector_pass<8>(dst, len, h, p, s);
+    if (radix_log == 4) cross_vector_pass<16>(dst, len, h, p, s);
+    else if (radix_log == 3) cross_vector_pass<8>(dst, len, h, p, s);
     else if (radix_log == 2) cross_vector_pass<4>(dst, len, h, p, s);
     else cross_vector_pass<2>(dst, len, h, p, s);
     h <<= radix_log;
@@ -260,8 +262,8 @@ inline void accumulate_product(Acc* __restrict acc, int64_t mask, const T* __res
   for (int64_t e = 0; e < len; ++e) acc[e & mask] += static_cast<Acc>(a[e]) * static_cast<Acc>(b[e]);
 }
 
-// Tasks of at least ~64k elements: below that, threads cost more than they save.
-int64_t grain_rows(int64_t n) { return std::max<int64_t>(1, (int64_t{1} << 16) / n); }
+// Tasks of at least ~16k elements: below that, threads cost more than they save.
+int64_t grain_rows(int64_t n) { return std::max<int64_t>(1, (int64_t{1} << 14) / n); }
 
 // ---------------------------------------------------------------------------
 // Argument checks (the Python wrapper gives friendlier messages first; these

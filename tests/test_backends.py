@@ -31,7 +31,7 @@ def test_set_and_use_backend():
         ops.set_backend("compiled")
         assert ops.get_backend() == "compiled"
     assert ops.get_backend() == previous
-    with pytest.raises(ValueError, match="unknown backend 'fast'.*auto, compiled, reference"):
+    with pytest.raises(ValueError, match=r"unknown backend 'fast'.*auto, compiled, reference"):
         ops.set_backend("fast")
 
 

@@ -20,7 +20,8 @@ def test_fwht_empty_last_dimension(backend):
 
 
 @pytest.mark.parametrize(
-    ("dtype", "kind"), [(torch.int64, "integer"), (torch.int32, "integer"), (torch.bool, "boolean"), (torch.complex64, "complex")]
+    ("dtype", "kind"),
+    [(torch.int64, "integer"), (torch.int32, "integer"), (torch.bool, "boolean"), (torch.complex64, "complex")],
 )
 def test_fwht_bad_dtypes(backend, dtype, kind):
     x = torch.zeros(2, 8, dtype=dtype)
@@ -29,7 +30,7 @@ def test_fwht_bad_dtypes(backend, dtype, kind):
 
 
 def test_fwht_not_a_tensor_or_scalar(backend):
-    with pytest.raises(TypeError, match="must be a torch.Tensor, got list"):
+    with pytest.raises(TypeError, match=r"must be a torch\.Tensor, got list"):
         ops.fwht([1.0, 2.0])
     with pytest.raises(ValueError, match="at least one dimension"):
         ops.fwht(torch.tensor(1.0))
@@ -61,7 +62,7 @@ def test_whvi_matvec_not_power_of_two(backend):
 
 def test_whvi_matvec_dtype_mismatch(backend):
     s1, g, s2 = _diagonals()
-    with pytest.raises(TypeError, match="g has dtype torch.float32 but x has torch.float64"):
+    with pytest.raises(TypeError, match=r"g has dtype torch\.float32 but x has torch\.float64"):
         ops.whvi_matvec(torch.randn(2, 8), s1, g.float(), s2)
     with pytest.raises(TypeError, match="integer dtype"):
         ops.whvi_matvec(torch.randn(2, 8), s1, torch.ones(8, dtype=torch.long), s2)

@@ -34,7 +34,9 @@ def test_fwht_is_an_orthonormal_involution(log2_size, batch, seed, backend):
 
 
 @settings(max_examples=40, deadline=None)
-@given(log2_size=log2_sizes, batch=batch_shapes, seed=seeds, per_example=st.booleans(), backend=st.sampled_from(BACKENDS))
+@given(
+    log2_size=log2_sizes, batch=batch_shapes, seed=seeds, per_example=st.booleans(), backend=st.sampled_from(BACKENDS)
+)
 def test_whvi_matvec_factorizes(log2_size, batch, seed, per_example, backend):
     """W x = s1 * H(g * H(s2 * x)) equals composing the separate ops, and W^T is the same op with s1, s2 swapped."""
     if not _available(backend):

@@ -24,8 +24,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from . import _library  # noqa: F401  (registers the torch.ops.pyro_whvi operators)
-from . import reference
+from . import (
+    _library,  # noqa: F401  (registers the torch.ops.pyro_whvi operators)
+    reference,
+)
 from ._checks import check_fwht, check_whvi_matvec, next_power_of_two
 from .backends import (
     compiled_available,
@@ -88,7 +90,7 @@ def _as_suffix_of(diagonal: Tensor, shape: torch.Size) -> Tensor:
     """Reshape a diagonal so its shape is a suffix of ``shape`` (what the kernels index), or expand it."""
     while diagonal.dim() > 1 and diagonal.shape[0] == 1:
         diagonal = diagonal.squeeze(0)
-    if tuple(shape[len(shape) - diagonal.dim():]) != tuple(diagonal.shape):
+    if tuple(shape[len(shape) - diagonal.dim() :]) != tuple(diagonal.shape):
         diagonal = diagonal.expand(shape)
     return diagonal
 

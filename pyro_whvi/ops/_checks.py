@@ -64,10 +64,10 @@ def check_whvi_matvec(x: object, s1: object, g: object, s2: object) -> tuple[Ten
         if t.device != x_t.device:
             raise ValueError(f"{op}: {name} is on {t.device} but x is on {x_t.device}; move them to one device.")
         if t.dtype != x_t.dtype:
-            raise TypeError(
-                f"{op}: {name} has dtype {t.dtype} but x has {x_t.dtype}; convert them to one dtype."
-            )
-    if all(t.dim() == 1 for t in tensors[1:]) or (tensors[2].shape == x_t.shape and tensors[1].dim() == 1 == tensors[3].dim()):
+            raise TypeError(f"{op}: {name} has dtype {t.dtype} but x has {x_t.dtype}; convert them to one dtype.")
+    if all(t.dim() == 1 for t in tensors[1:]) or (
+        tensors[2].shape == x_t.shape and tensors[1].dim() == 1 == tensors[3].dim()
+    ):
         return x_t, tensors[1], tensors[2], tensors[3]
     try:
         torch.broadcast_shapes(*(t.shape for t in tensors))

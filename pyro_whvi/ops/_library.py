@@ -18,8 +18,7 @@ _LIB = torch.library.Library("pyro_whvi", "DEF")
 _LIB.define("fwht(Tensor x, bool normalized=True) -> Tensor")
 _LIB.define("whvi_matvec(Tensor x, Tensor s1, Tensor g, Tensor s2) -> Tensor")
 _LIB.define(
-    "whvi_matvec_backward(Tensor grad, Tensor x, Tensor s1, Tensor g, Tensor s2)"
-    " -> (Tensor, Tensor, Tensor, Tensor)"
+    "whvi_matvec_backward(Tensor grad, Tensor x, Tensor s1, Tensor g, Tensor s2) -> (Tensor, Tensor, Tensor, Tensor)"
 )
 
 
@@ -82,9 +81,7 @@ def _whvi_matvec_backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, Tenso
     return torch.ops.pyro_whvi.whvi_matvec_backward(grad, x, s1, g, s2)
 
 
-torch.library.register_autograd(
-    "pyro_whvi::fwht", _fwht_backward, setup_context=_fwht_setup_context, lib=_LIB
-)
+torch.library.register_autograd("pyro_whvi::fwht", _fwht_backward, setup_context=_fwht_setup_context, lib=_LIB)
 torch.library.register_autograd(
     "pyro_whvi::whvi_matvec",
     _whvi_matvec_backward,

@@ -92,8 +92,7 @@ def kernel_source_dir() -> Path:
     if (checkout / _CPU_SOURCES[0]).is_file():
         return checkout
     raise FileNotFoundError(
-        "pyro_whvi: the kernel sources (fwht_cpu.cpp) are missing from the installation; "
-        "reinstall pyro_whvi."
+        "pyro_whvi: the kernel sources (fwht_cpu.cpp) are missing from the installation; reinstall pyro_whvi."
     )
 
 
@@ -160,7 +159,7 @@ def compiled_available() -> bool:
             return False
         try:
             load_compiled()
-        except Exception as error:  # noqa: BLE001 - any build failure means "fall back"
+        except Exception as error:  # any build failure means "fall back"
             _State.compiled = False
             _State.error = f"{type(error).__name__}: {error}".strip()
             if _State.requested == "auto":

@@ -17,7 +17,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         load_compiled(verbose=args.verbose)
-    except Exception as error:  # noqa: BLE001 - report any build failure in one line
+    except Exception as error:  # report any build failure in one line
         print(f"pyro_whvi: building the compiled kernels failed: {error}", file=sys.stderr)
         return 1
     print("pyro_whvi: compiled CPU kernels ready.")

@@ -111,14 +111,18 @@ def stacked_whvi_matvec(x: Tensor, s1: Tensor, g: Tensor, s2: Tensor, out_featur
     if x.shape[-1] > block_size:
         raise ValueError(f"stacked_whvi_matvec: x has {x.shape[-1]} features but the blocks take at most {block_size}.")
     if not 1 <= out_features <= num_blocks * block_size:
-        raise ValueError(f"stacked_whvi_matvec: out_features must be in [1, {num_blocks * block_size}], got {out_features}.")
+        raise ValueError(
+            f"stacked_whvi_matvec: out_features must be in [1, {num_blocks * block_size}], got {out_features}."
+        )
     padded = F.pad(x, (0, block_size - x.shape[-1])).unsqueeze(-2)
     y = whvi_matvec(padded, s1, g, s2)
     return y.flatten(-2)[..., :out_features]
 
 
 def stacked_whvi_weight(s1: Tensor, g: Tensor, s2: Tensor, out_features: int, in_features: int) -> Tensor:
-    r"""The dense ``(D_out, D_in)`` weight :math:`[S_{1,k} H \operatorname{diag}(g_k) H S_{2,k}]_k` (rows stacked, extras dropped).
+    r"""The dense ``(D_out, D_in)`` weight: blocks :math:`S_{1,k} H \operatorname{diag}(g_k) H S_{2,k}` stacked by rows.
+
+    Extra rows and padded columns are dropped.
 
     :param g: ``(K, D)``, one draw. Costs :math:`O(K D^2 \log D)`; meant for checks and small layers.
     """

@@ -1,0 +1,42 @@
+# Set-up and checks for pyro_whvi. `make demo` and `make test` are the two commands in the README.
+#
+# TORCH_SPEC pins the PyTorch build the environment gets. The default is the CPU build that this
+# project's development machines keep on local disk; elsewhere use e.g. `make test TORCH_SPEC=torch`.
+
+PYTHON ?= python3
+VENV ?= .venv
+TORCH_SPEC ?= torch==2.13.0
+BIN := $(VENV)/bin
+
+.PHONY: demo test install install-dev build-kernels lint bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+install: $(BIN)/python
+	$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)" -e ".[bench]"
+
+install-dev: $(BIN)/python
+	$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)" -e ".[dev,bench,baselines]"
+
+build-kernels:
+	$(BIN)/python -m pyro_whvi.ops.build
+
+# The main job: for now the FWHT benchmark in quick mode (table, JSON/CSV and plot in benchmarks/results).
+demo: install build-kernels
+	$(BIN)/python benchmarks/fwht.py --quick
+
+lint:
+	$(BIN)/ruff check pyro_whvi tests benchmarks
+	$(BIN)/ruff format --check pyro_whvi tests benchmarks
+	$(BIN)/mypy
+
+# Everything CI runs: all extras, lint, types, and the whole test suite with the compiled kernels required.
+test: install-dev build-kernels lint
+	PYRO_WHVI_REQUIRE_COMPILED=1 $(BIN)/python -m pytest
+
+bench: install build-kernels
+	$(BIN)/python benchmarks/fwht.py
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache
