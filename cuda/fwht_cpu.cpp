@@ -95,6 +95,23 @@ struct Diagonal {
   int64_t mask;
 };
 
+// log2(R) butterfly stages across R vectors held in registers (strides 1, 2, ... in a[]).
+template <int R, typename V>
+inline void butterflies(V* a) {
+#pragma GCC unroll 16
+  for (int s = 1; s < R; s <<= 1) {
+#pragma GCC unroll 16
+    for (int k = 0; k < R; ++k) {
+      if ((k & s) == 0) {
+        const V u = a[k];
+        const V w = a[k + s];
+        a[k] = u + w;
+        a[k + s] = u - w;
+      }
+    }
+  }
+}
+
 // Stages with strides h, 2h, ..., (R/2)h over len elements, one vector column at a
 // time in registers; optionally multiplies by post * scale before storing.
 template <int R, typename T>
@@ -107,18 +124,7 @@ inline void cross_vector_pass(T* x, int64_t len, int64_t h, Diagonal<T> post, T 
       V a[R];
 #pragma GCC unroll 16
       for (int k = 0; k < R; ++k) a[k] = load<V>(p + k * h);
-#pragma GCC unroll 16
-      for (int s = 1; s < R; s <<= 1) {
-#pragma GCC unroll 16
-        for (int k = 0; k < R; ++k) {
-          if ((k & s) == 0) {
-            const V u = a[k];
-            const V w = a[k + s];
-            a[k] = u + w;
-            a[k + s] = u - w;
-          }
-        }
-      }
+      butterflies<R>(a);
       if (post.ptr != nullptr) {
 #pragma GCC unroll 16
         for (int k = 0; k < R; ++k) a[k] *= load<V>(post.ptr + ((base + j + k * h) & post.mask)) * scale;
@@ -146,18 +152,7 @@ inline void first_pass(const T* src, Diagonal<T> pre, T* dst, int64_t len, Diago
       if (pre.ptr != nullptr) a[k] *= load<V>(pre.ptr + ((base + k * W) & pre.mask));
       a[k] = in_vector_stages(a[k]);
     }
-#pragma GCC unroll 16
-    for (int s = 1; s < R; s <<= 1) {
-#pragma GCC unroll 16
-      for (int k = 0; k < R; ++k) {
-        if ((k & s) == 0) {
-          const V u = a[k];
-          const V w = a[k + s];
-          a[k] = u + w;
-          a[k + s] = u - w;
-        }
-      }
-    }
+    butterflies<R>(a);
     if (post.ptr != nullptr) {
 #pragma GCC unroll 16
       for (int k = 0; k < R; ++k) a[k] *= load<V>(post.ptr + ((base + k * W) & post.mask)) * scale;
