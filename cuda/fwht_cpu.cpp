@@ -13,6 +13,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
+#include <ATen/ExpandUtils.h>
 #include <ATen/Parallel.h>
 #include <torch/autograd.h>
 #include <torch/csrc/autograd/functions/utils.h>
@@ -488,7 +489,16 @@ class WhviMatvecFunction : public torch::autograd::Function<WhviMatvecFunction> 
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
-    auto [dx, ds1, dg, ds2] = call_whvi_matvec_backward(grads[0], saved[0], saved[1], saved[2], saved[3]);
+    const at::Tensor &x = saved[0], &s1 = saved[1], &g = saved[2], &s2 = saved[3];
+    if (at::GradMode::is_enabled()) {
+      // create_graph=True: compose differentiable ops so that higher derivatives are right
+      // (the fused backward kernel has no derivative of its own).
+      const at::Tensor dy = grads[0];
+      const at::Tensor u = call_fwht(s2 * x, true), v = call_fwht(g * u, true);
+      const at::Tensor w = call_fwht(s1 * dy, true), z = call_fwht(g * w, true);
+      return {s2 * z, at::sum_to(dy * v, s1.sizes()), at::sum_to(w * u, g.sizes()), at::sum_to(x * z, s2.sizes())};
+    }
+    auto [dx, ds1, dg, ds2] = call_whvi_matvec_backward(grads[0], x, s1, g, s2);
     return {dx, ds1, dg, ds2};
   }
 };

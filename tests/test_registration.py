@@ -43,6 +43,9 @@ def test_opcheck_reference_kernels_in_a_fresh_process():
         from tests.test_registration import _samples
         for op, args in _samples():
             torch.library.opcheck(op, args)
+        x, s1, g, s2 = (torch.randn(2, 8, requires_grad=True) for _ in range(4))
+        assert torch.autograd.gradgradcheck(torch.ops.pyro_whvi.whvi_matvec, (x, s1[0], g, s2[0]))
+        assert torch.autograd.gradgradcheck(torch.ops.pyro_whvi.fwht, (x, True))
         assert ops.backends._State.compiled is None  # nothing was built or loaded
         print("ok")
         """

@@ -68,6 +68,7 @@ def test_gradcheck(backend, size, g_layout):
     g_shape = {"shared": (size,), "per_example": (2, 3, size), "stacked": (3, size)}[g_layout]
     g = torch.randn(g_shape, requires_grad=True)
     assert torch.autograd.gradcheck(ops.whvi_matvec, (x, s1, g, s2))
+    assert torch.autograd.gradgradcheck(ops.whvi_matvec, (x, s1, g, s2))
 
 
 def test_gradients_match_dense(backend):

@@ -78,6 +78,8 @@ def _whvi_matvec_setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor
 
 def _whvi_matvec_backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     x, s1, g, s2 = ctx.saved_tensors
+    if torch.is_grad_enabled():  # create_graph=True: differentiable composition for higher derivatives
+        return reference.whvi_matvec_backward(grad, x, s1, g, s2)
     return torch.ops.pyro_whvi.whvi_matvec_backward(grad, x, s1, g, s2)
 
 

@@ -1,0 +1,37 @@
+"""The ops on CUDA tensors agree with the CPU (skipped without a GPU; see conftest)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pyro_whvi import ops
+
+pytestmark = pytest.mark.cuda
+
+
+@pytest.mark.parametrize("size", [1, 2, 32, 1024, 2**15])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_fwht_cuda_matches_cpu(size, dtype):
+    x = torch.randn(64, size, dtype=dtype)
+    expected = ops.fwht(x)
+    actual = ops.fwht(x.cuda()).cpu()
+    tolerance = 1e-5 if dtype == torch.float32 else 1e-10
+    torch.testing.assert_close(actual, expected, rtol=tolerance, atol=tolerance)
+
+
+@pytest.mark.parametrize("per_example", [False, True])
+def test_whvi_matvec_cuda_matches_cpu(per_example):
+    x = torch.randn(16, 256)
+    s1, s2 = torch.randn(2, 256).unbind(0)
+    g = torch.randn(16, 256) if per_example else torch.randn(256)
+    expected = ops.whvi_matvec(x, s1, g, s2)
+    actual = ops.whvi_matvec(*(t.cuda() for t in (x, s1, g, s2))).cpu()
+    torch.testing.assert_close(actual, expected)
+
+
+def test_gradcheck_cuda():
+    x = torch.randn(3, 16, device="cuda", requires_grad=True)
+    s1, g, s2 = (torch.randn(16, device="cuda", requires_grad=True) for _ in range(3))
+    assert torch.autograd.gradcheck(ops.whvi_matvec, (x, s1, g, s2))
+    assert torch.autograd.gradcheck(ops.fwht, (x,))
