@@ -28,7 +28,7 @@ from . import (
     _library,  # noqa: F401  (registers the torch.ops.pyro_whvi operators)
     reference,
 )
-from ._checks import check_fwht, check_whvi_matvec, next_power_of_two
+from ._checks import check_fwht, check_whvi_matvec, has_kernel_layout, next_power_of_two
 from .backends import (
     compiled_available,
     get_backend,
@@ -119,8 +119,8 @@ def whvi_matvec(x: Tensor, s1: Tensor, g: Tensor, s2: Tensor) -> Tensor:
     check_whvi_matvec(x, s1, g, s2)
     if not use_compiled_kernels(x):
         return reference.whvi_matvec(x, s1, g, s2)
-    if s1.dim() == 1 and s2.dim() == 1 and (g.dim() == 1 or g.shape == x.shape):
-        return _WHVI_MATVEC_OP(x, s1, g, s2)  # the common layouts, as the kernel indexes them
+    if has_kernel_layout(x, s1, g, s2):
+        return _WHVI_MATVEC_OP(x, s1, g, s2)
     shape = torch.broadcast_shapes(x.shape, s1.shape, g.shape, s2.shape)
     if x.shape != shape:
         x = x.expand(shape)

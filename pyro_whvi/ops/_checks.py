@@ -48,6 +48,12 @@ def check_fwht(x: object) -> Tensor:
     return t
 
 
+def has_kernel_layout(x: Tensor, s1: Tensor, g: Tensor, s2: Tensor) -> bool:
+    """s1, s2 of shape ``(D,)`` and g ``(D,)`` or ``x.shape``: the common layouts, which need no
+    broadcasting and which the compiled kernels index as they are."""
+    return s1.dim() == 1 and s2.dim() == 1 and (g.dim() == 1 or g.shape == x.shape)
+
+
 def check_whvi_matvec(x: object, s1: object, g: object, s2: object) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     op = "whvi_matvec"
     tensors = [check_tensor(op, name, t) for name, t in (("x", x), ("s1", s1), ("g", g), ("s2", s2))]
@@ -65,9 +71,7 @@ def check_whvi_matvec(x: object, s1: object, g: object, s2: object) -> tuple[Ten
             raise ValueError(f"{op}: {name} is on {t.device} but x is on {x_t.device}; move them to one device.")
         if t.dtype != x_t.dtype:
             raise TypeError(f"{op}: {name} has dtype {t.dtype} but x has {x_t.dtype}; convert them to one dtype.")
-    if all(t.dim() == 1 for t in tensors[1:]) or (
-        tensors[2].shape == x_t.shape and tensors[1].dim() == 1 == tensors[3].dim()
-    ):
+    if has_kernel_layout(*tensors):
         return x_t, tensors[1], tensors[2], tensors[3]
     try:
         torch.broadcast_shapes(*(t.shape for t in tensors))
