@@ -3,13 +3,13 @@ list of backends every op test runs through."""
 
 from __future__ import annotations
 
-import os
-
 import pyro
 import pytest
 import torch
 
 from pyro_whvi import ops
+
+from .helpers import require_compiled_kernels
 
 BACKENDS = ("reference", "compiled")
 
@@ -30,11 +30,8 @@ def backend(request):
     """Run the test once per backend. The compiled one is skipped when it cannot be built,
     unless PYRO_WHVI_REQUIRE_COMPILED=1 (set by `make test`), which turns that into a failure."""
     name = request.param
-    if name == "compiled" and not ops.compiled_available():
-        reason = f"compiled kernels unavailable: {ops.backends.compiled_error()}"
-        if os.environ.get("PYRO_WHVI_REQUIRE_COMPILED") == "1":
-            pytest.fail(reason)
-        pytest.skip(reason)
+    if name == "compiled":
+        require_compiled_kernels()
     with ops.use_backend(name):
         yield name
 

@@ -2,9 +2,41 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
 import numpy as np
+import pytest
 import scipy.linalg
 import torch
+
+from pyro_whvi import ops
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def require_compiled_kernels() -> None:
+    """Skip when the compiled kernels cannot be built, unless PYRO_WHVI_REQUIRE_COMPILED=1
+    (set by `make test`), which turns that into a failure."""
+    if ops.compiled_available():
+        return
+    reason = f"compiled kernels unavailable: {ops.backends.compiled_error()}"
+    if os.environ.get("PYRO_WHVI_REQUIRE_COMPILED") == "1":
+        pytest.fail(reason)
+    pytest.skip(reason)
+
+
+def run_python(script: str, **env_overrides: str) -> subprocess.CompletedProcess[str]:
+    """Run a script in a fresh interpreter that imports this checkout, with PYRO_WHVI_BACKEND unset
+    unless given."""
+    env = dict(os.environ)
+    env.pop("PYRO_WHVI_BACKEND", None)
+    env.update(env_overrides)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True, env=env)
 
 
 def scipy_hadamard(size: int) -> torch.Tensor:

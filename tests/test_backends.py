@@ -2,26 +2,12 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import textwrap
-from pathlib import Path
-
 import pytest
 import torch
 
 from pyro_whvi import ops
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _run(script: str, **env_overrides: str) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ)
-    env.pop("PYRO_WHVI_BACKEND", None)
-    env.update(env_overrides)
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True, env=env)
+from .helpers import require_compiled_kernels, run_python
 
 
 def test_set_and_use_backend():
@@ -36,8 +22,7 @@ def test_set_and_use_backend():
 
 
 def test_backends_agree():
-    if not ops.compiled_available():
-        pytest.skip("compiled kernels unavailable")
+    require_compiled_kernels()
     x = torch.randn(6, 256)
     s1, g, s2 = torch.randn(3, 256).unbind(0)
     with ops.use_backend("reference"):
@@ -49,7 +34,7 @@ def test_backends_agree():
 
 
 def test_missing_compiler_falls_back_with_one_warning(tmp_path):
-    result = _run(
+    result = run_python(
         """
         import warnings, torch
         warnings.simplefilter("always")
@@ -71,7 +56,7 @@ def test_missing_compiler_falls_back_with_one_warning(tmp_path):
 
 
 def test_env_var_forces_reference(tmp_path):
-    result = _run(
+    result = run_python(
         """
         import warnings, torch
         warnings.simplefilter("error")
@@ -88,7 +73,7 @@ def test_env_var_forces_reference(tmp_path):
 
 
 def test_env_var_forcing_compiled_raises_when_unavailable(tmp_path):
-    result = _run(
+    result = run_python(
         """
         import torch
         from pyro_whvi import ops
@@ -106,7 +91,7 @@ def test_env_var_forcing_compiled_raises_when_unavailable(tmp_path):
 
 
 def test_bad_env_var_is_reported():
-    result = _run("import pyro_whvi", PYRO_WHVI_BACKEND="cuda-please")
+    result = run_python("import pyro_whvi", PYRO_WHVI_BACKEND="cuda-please")
     assert result.returncode != 0
     assert "$PYRO_WHVI_BACKEND: unknown backend 'cuda-please'" in result.stderr
 

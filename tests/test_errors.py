@@ -7,6 +7,8 @@ import torch
 
 from pyro_whvi import ops
 
+from .helpers import require_compiled_kernels
+
 
 @pytest.mark.parametrize("size", [3, 12, 1000])
 def test_fwht_not_a_power_of_two(backend, size):
@@ -75,8 +77,7 @@ def test_whvi_matvec_devices(backend):
 
 
 def test_compiled_kernels_reject_bad_input_on_direct_calls():
-    if not ops.compiled_available():
-        pytest.skip("compiled kernels unavailable")
+    require_compiled_kernels()
     with pytest.raises(RuntimeError, match="power of two"):
         torch.ops.pyro_whvi.fwht(torch.randn(2, 6), True)
     with pytest.raises(RuntimeError, match="trailing dimensions"):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -9,21 +10,19 @@ from hypothesis import strategies as st
 from pyro_whvi import ops
 
 from .conftest import BACKENDS
+from .helpers import require_compiled_kernels
 
 log2_sizes = st.integers(min_value=0, max_value=11)
 batch_shapes = st.lists(st.integers(min_value=1, max_value=4), min_size=0, max_size=3)
 seeds = st.integers(min_value=0, max_value=2**31 - 1)
 
 
-def _available(backend: str) -> bool:
-    return backend == "reference" or ops.compiled_available()
-
-
+@pytest.mark.parametrize("backend", BACKENDS)
 @settings(max_examples=40, deadline=None)
-@given(log2_size=log2_sizes, batch=batch_shapes, seed=seeds, backend=st.sampled_from(BACKENDS))
-def test_fwht_is_an_orthonormal_involution(log2_size, batch, seed, backend):
-    if not _available(backend):
-        return
+@given(log2_size=log2_sizes, batch=batch_shapes, seed=seeds)
+def test_fwht_is_an_orthonormal_involution(backend, log2_size, batch, seed):
+    if backend == "compiled":
+        require_compiled_kernels()
     generator = torch.Generator().manual_seed(seed)
     x = torch.randn(*batch, 2**log2_size, generator=generator, dtype=torch.float64)
     with ops.use_backend(backend):
@@ -33,14 +32,13 @@ def test_fwht_is_an_orthonormal_involution(log2_size, batch, seed, backend):
     torch.testing.assert_close(y, ops.reference.fwht(x))
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @settings(max_examples=40, deadline=None)
-@given(
-    log2_size=log2_sizes, batch=batch_shapes, seed=seeds, per_example=st.booleans(), backend=st.sampled_from(BACKENDS)
-)
-def test_whvi_matvec_factorizes(log2_size, batch, seed, per_example, backend):
+@given(log2_size=log2_sizes, batch=batch_shapes, seed=seeds, per_example=st.booleans())
+def test_whvi_matvec_factorizes(backend, log2_size, batch, seed, per_example):
     """W x = s1 * H(g * H(s2 * x)) equals composing the separate ops, and W^T is the same op with s1, s2 swapped."""
-    if not _available(backend):
-        return
+    if backend == "compiled":
+        require_compiled_kernels()
     size = 2**log2_size
     generator = torch.Generator().manual_seed(seed)
     x, z = torch.randn(2, *batch, size, generator=generator, dtype=torch.float64).unbind(0)

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import textwrap
-
 import pytest
 import torch
 
 from pyro_whvi import ops
+
+from .helpers import require_compiled_kernels, run_python
 
 
 def _samples():
@@ -26,18 +24,15 @@ def _samples():
 
 
 def test_opcheck_compiled_kernels():
-    if not ops.compiled_available():
-        pytest.skip("compiled kernels unavailable")
+    require_compiled_kernels()
     for op, args in _samples():
         torch.library.opcheck(op, args)
 
 
 def test_opcheck_reference_kernels_in_a_fresh_process():
     """With the compiled library never loaded, the ops run their registered reference kernels."""
-    script = textwrap.dedent(
-        """
-        import os, torch
-        os.environ["PYRO_WHVI_BACKEND"] = "reference"
+    script = """
+        import torch
         torch.set_default_dtype(torch.float64)
         from pyro_whvi import ops
         from tests.test_registration import _samples
@@ -49,21 +44,9 @@ def test_opcheck_reference_kernels_in_a_fresh_process():
         assert ops.backends._State.compiled is None  # nothing was built or loaded
         print("ok")
         """
-    )
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=_env_with_repo())
+    result = run_python(script, PYRO_WHVI_BACKEND="reference")
     assert result.returncode == 0, result.stderr[-3000:]
     assert "ok" in result.stdout
-
-
-def _env_with_repo():
-    import os
-    from pathlib import Path
-
-    env = dict(os.environ)
-    root = str(Path(__file__).resolve().parents[1])
-    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    env["PYRO_WHVI_BACKEND"] = "reference"
-    return env
 
 
 def _model(x, s1, g, s2):
