@@ -4,8 +4,20 @@ The foundation is :mod:`pyro_whvi.ops`, the fast Walsh–Hadamard transform and 
 product with compiled CPU kernels and a pure-PyTorch reference.
 """
 
-from . import ops
+from . import distributions, infer, ops
+from .distributions import WHVIMatrix, WHVINormal
+from .infer import AutoWHVIGuide, WHVIReparam, local_reparameterization
 
 __version__ = "0.1.0.dev0"
 
-__all__ = ["__version__", "ops"]
+__all__ = [
+    "AutoWHVIGuide",
+    "WHVIMatrix",
+    "WHVINormal",
+    "WHVIReparam",
+    "__version__",
+    "distributions",
+    "infer",
+    "local_reparameterization",
+    "ops",
+]

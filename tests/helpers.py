@@ -48,3 +48,24 @@ def dense_weight(s1: torch.Tensor, g: torch.Tensor, s2: torch.Tensor) -> torch.T
     """W = diag(s1) H diag(g) H diag(s2) for a shared g, or a batch of W (one per row of g)."""
     hadamard = scipy_hadamard(s1.shape[-1]).to(s1.dtype)
     return s1[..., :, None] * (hadamard * g[..., None, :]) @ hadamard * s2[..., None, :]
+
+
+def whvi_a_matrix(s1: torch.Tensor, s2: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    """A of WHVI eq. 4, built entry by entry from scipy's Hadamard matrix: ``W.reshape(-1) = A g.reshape(-1)``.
+
+    ``s1``/``s2`` are ``(K, D)``; the weight of ``shape`` is cut from the ``(K D, D)`` stack of blocks
+    (rows, then padded columns dropped), or a vector read from the first entries of one ``D x D`` block.
+    """
+    num_blocks, size = s1.shape
+    columns = []
+    for k in range(num_blocks):
+        for a in range(size):
+            g = torch.zeros(num_blocks, size, dtype=s1.dtype)
+            g[k, a] = 1.0
+            stack = torch.cat([dense_weight(s1[j], g[j], s2[j]) for j in range(num_blocks)])
+            if len(shape) == 1 or (len(shape) >= 2 and (shape[0] == 1 or int(np.prod(shape[1:])) == 1)):
+                weight = stack.reshape(-1)[: int(np.prod(shape))]
+            else:
+                weight = stack[: shape[0], : int(np.prod(shape[1:]))]
+            columns.append(weight.reshape(-1))
+    return torch.stack(columns, dim=-1)

@@ -1,0 +1,367 @@
+r"""``AutoWHVIGuide``: WHVI and NF-WHVI for any Pyro model, by swapping one guide.
+
+Weight sites (by default every latent site whose event is a matrix with both sides > 1) are
+reparameterized by :class:`~pyro_whvi.infer.WHVIReparam` into a latent ``g`` of ``K D`` entries;
+``g`` gets a Gaussian guide (diagonal, full or low-rank covariance per block) or a diagonal Gaussian
+through planar flows (NF-WHVI). Every other latent site gets a mean-field Normal, as in
+:class:`~pyro.infer.autoguide.AutoNormal`. Train with Pyro's own machinery::
+
+    guide = AutoWHVIGuide(model)
+    svi = SVI(guide.model, guide, Adam({"lr": 1e-3}), Trace_ELBO())
+
+``guide.model`` is the reparameterized model; use it wherever the model goes (``SVI``,
+``Predictive``). In it, ``F.linear``/``F.conv2d`` on a WHVI weight draw ``g`` per example
+(local reparameterization), unless ``guide.local_reparameterization = False``.
+
+References:
+    S. Rossi, S. Marmin, M. Filippone. *Walsh-Hadamard Variational Inference for Bayesian Deep
+    Learning*. NeurIPS 2020: §2.2–2.5, App. A–D.1.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from contextlib import ExitStack
+from operator import attrgetter
+
+import pyro
+import pyro.distributions as dist
+import torch
+from pyro import poutine
+from pyro.distributions import constraints
+from pyro.distributions.transforms import Planar
+from pyro.distributions.util import sum_rightmost
+from pyro.infer.autoguide import AutoGuide, init_to_sample
+from pyro.infer.autoguide.utils import deep_setattr, helpful_support_errors
+from pyro.nn import PyroModule, PyroParam
+from pyro.ops.tensor_utils import periodic_repeat
+from torch import nn
+from torch.distributions import biject_to
+
+from ..distributions import PlanarFlowNormal, WHVILayout, WHVIMatrix, WHVINormal
+from .model import ReparameterizedModel, SiteFilter, select_whvi_sites
+from .reparam import POSTERIOR_KEY, WHVIReparam, g_site_name, init_whvi_scales
+
+__all__ = ["AutoWHVIGuide"]
+
+
+def deep_getattr(obj, name: str):
+    """``obj.a.b.c`` for ``name = "a.b.c"`` (the counterpart of Pyro's ``deep_setattr``)."""
+    return attrgetter(name)(obj)
+
+
+COVARIANCES = ("diagonal", "full", "lowrank")
+
+
+def _has_deep_attr(obj, name: str) -> bool:
+    try:
+        deep_getattr(obj, name)
+    except AttributeError:
+        return False
+    return True
+
+
+class _GuideOwnedReparam(WHVIReparam):
+    """WHVIReparam whose ``s1``, ``s2`` live in the guide, so ``guide.state_dict()`` holds them."""
+
+    def __init__(self, guide: AutoWHVIGuide):
+        super().__init__(guide.prior_variance)
+        self._guide = (guide,)
+
+    @property
+    def local_reparameterization(self) -> bool:
+        return self._guide[0].local_reparameterization
+
+    @local_reparameterization.setter
+    def local_reparameterization(self, value: bool) -> None:
+        pass  # the guide's attribute is the switch
+
+    def scales(self, name, layout, like):
+        guide = self._guide[0]
+        if not _has_deep_attr(guide.whvi_s1, name):
+            s1, s2 = init_whvi_scales(layout, self.prior_variance, like)
+            deep_setattr(guide.whvi_s1, name, PyroParam(s1, constraints.real, event_dim=2))
+            deep_setattr(guide.whvi_s2, name, PyroParam(s2, constraints.real, event_dim=2))
+        # Inside the guide's context the access goes through pyro.param, so the model trace records
+        # s1 and s2 and SVI optimizes them (outside it, PyroModule would return a bare tensor).
+        with guide._pyro_context:
+            return deep_getattr(guide.whvi_s1, name), deep_getattr(guide.whvi_s2, name)
+
+
+class AutoWHVIGuide(AutoGuide):
+    r"""WHVI / NF-WHVI guide for the weight sites of a Pyro model, mean-field Normal for the rest.
+
+    :param model: a Pyro model (e.g. a ``PyroModule`` with ``PyroSample`` weight priors).
+    :param prior_variance: :math:`\lambda` in the WHVI prior :math:`g \sim \mathcal{N}(0, \lambda I)`
+        (default 1; see :mod:`pyro_whvi.infer.reparam` for why, and for the ``s1``/``s2`` init).
+    :param covariance: ``q(g)`` per block: ``"diagonal"`` (:math:`O(D)` parameters, the paper's
+        G-WHVI), ``"full"`` (:math:`O(D^2)`) or ``"lowrank"`` (diagonal plus rank ``rank``).
+    :param rank: rank of the ``"lowrank"`` factor (default ``ceil(sqrt(D))``).
+    :param flows: number of planar flows over each site's ``g`` (NF-WHVI, diagonal base).
+    :param expose: sites to put under WHVI (names, a predicate, or ``"all"``: every real-valued
+        site with at least two entries), replacing the default choice; vectors (reshaped onto a square
+        block, §2.5) and conv filter banks are allowed here.
+    :param hide: sites to keep out of WHVI (names or a predicate); they get the mean-field guide.
+    :param mean_field_last_layer: give the last selected weight site a mean-field guide, as in the
+        paper's experiments (§3.2).
+    :param local_reparameterization: draw ``g`` per example in ``F.linear``/``F.conv2d`` (also
+        settable later as ``guide.local_reparameterization``).
+    :param init_loc_fn: initialization of the mean-field sites (Pyro's strategies); the default, a
+        draw from the prior, breaks the symmetry that zeros (``AutoNormal``'s default) leave in a network.
+    :param init_scale: initial standard deviation, relative to the prior's: of ``q(g)`` in units of
+        :math:`\sqrt{\lambda}`, of real-valued mean-field sites in units of their prior standard
+        deviation, of other (constrained) sites in unconstrained space. ``g``'s mean starts at a prior draw.
+    :param create_plates: as in Pyro's autoguides, for data subsampling.
+
+    References:
+        WHVI paper (Rossi et al., NeurIPS 2020), §2.2–2.5 (NF-WHVI: §2.5, App. C), App. D.1.
+    """
+
+    scale_constraint = constraints.softplus_positive
+
+    def __init__(
+        self,
+        model: Callable,
+        *,
+        prior_variance: float = 1.0,
+        covariance: str = "diagonal",
+        rank: int | None = None,
+        flows: int = 0,
+        expose: SiteFilter | None = None,
+        hide: SiteFilter | None = None,
+        mean_field_last_layer: bool = False,
+        local_reparameterization: bool = True,
+        init_loc_fn: Callable = init_to_sample,
+        init_scale: float = 0.1,
+        create_plates: Callable | None = None,
+    ):
+        if covariance not in COVARIANCES:
+            raise ValueError(f"AutoWHVIGuide: covariance must be one of {COVARIANCES}, got {covariance!r}.")
+        if not isinstance(flows, int) or flows < 0:
+            raise ValueError(f"AutoWHVIGuide: flows must be a non-negative int, got {flows!r}.")
+        if flows and covariance != "diagonal":
+            raise ValueError("AutoWHVIGuide: planar flows start from a diagonal Gaussian; use covariance='diagonal'.")
+        if rank is not None and (covariance != "lowrank" or not isinstance(rank, int) or rank < 1):
+            raise ValueError("AutoWHVIGuide: rank must be a positive int and goes with covariance='lowrank'.")
+        if not (isinstance(init_scale, float) and init_scale > 0):
+            raise ValueError(f"AutoWHVIGuide: init_scale must be a float > 0, got {init_scale!r}.")
+        if not prior_variance > 0:
+            raise ValueError(f"AutoWHVIGuide: prior_variance must be > 0, got {prior_variance!r}.")
+        self.prior_variance = float(prior_variance)
+        self.covariance, self.rank, self.num_flows = covariance, rank, flows
+        self.local_reparameterization = local_reparameterization
+        self.init_loc_fn, self._init_scale = init_loc_fn, init_scale
+        self._expose, self._hide, self._mean_field_last_layer = expose, hide, mean_field_last_layer
+        self.whvi_layouts: dict[str, WHVILayout] | None = None
+        self.model_site_shapes: dict[str, torch.Size | None] | None = None
+        self._in_setup = False
+        super().__init__(ReparameterizedModel(model, self), create_plates=create_plates)
+        self.whvi_s1 = PyroModule()
+        self.whvi_s2 = PyroModule()
+        self.reparam = _GuideOwnedReparam(self)
+
+    # -- selection and model checks (used by ReparameterizedModel) --------------------------------
+
+    def select_sites(self, original_model: Callable, *args, **kwargs) -> None:
+        """Trace the original model once and fix which weight sites go under WHVI."""
+        self.model_site_shapes, self.whvi_layouts = select_whvi_sites(
+            original_model,
+            args,
+            kwargs,
+            expose=self._expose,
+            hide=self._hide,
+            last_mean_field=self._mean_field_last_layer,
+        )
+        self._weight_of_g = {g_site_name(name): name for name in self.whvi_layouts}
+
+    @property
+    def _layouts(self) -> dict[str, WHVILayout]:
+        if self.whvi_layouts is None:
+            raise RuntimeError(
+                "AutoWHVIGuide: the WHVI sites are chosen on the first call of the guide or guide.model."
+            )
+        return self.whvi_layouts
+
+    # -- prototype and parameters ----------------------------------------------------------------
+
+    def _setup_prototype(self, *args, **kwargs):
+        self._in_setup = True
+        try:
+            super()._setup_prototype(*args, **kwargs)
+        finally:
+            self._in_setup = False
+        self._event_dims: dict[str, int] = {}
+        self.locs = PyroModule()
+        self.scales = PyroModule()
+        if self.covariance == "full":
+            self.scale_trils = PyroModule()
+        if self.covariance == "lowrank":
+            self.cov_factors = PyroModule()
+        if self.num_flows:
+            self.flows = PyroModule()
+        for name, site in self.prototype_trace.iter_stochastic_nodes():
+            if name in self._weight_of_g:
+                self._init_g(name, site["value"])
+            else:
+                self._init_mean_field(name, site)
+
+    def _init_g(self, name: str, like: torch.Tensor) -> None:
+        layout = self._layouts[self._weight_of_g[name]]
+        num_blocks, block_size = layout.block_shape
+        root_lambda = self.prior_variance**0.5
+        sigma = self._init_scale * root_lambda
+        loc = root_lambda * torch.randn(tuple(layout.block_shape), dtype=like.dtype, device=like.device)
+        deep_setattr(self.locs, name, PyroParam(loc, constraints.real, event_dim=2))
+        if self.covariance == "full":
+            tril = sigma * torch.eye(block_size, dtype=like.dtype, device=like.device).expand(num_blocks, -1, -1)
+            deep_setattr(self.scale_trils, name, PyroParam(tril.clone(), constraints.lower_cholesky, event_dim=3))
+            return
+        deep_setattr(self.scales, name, PyroParam(torch.full_like(loc, sigma), self.scale_constraint, event_dim=2))
+        if self.covariance == "lowrank":
+            rank = self.rank or math.ceil(block_size**0.5)
+            factor = 0.1 * sigma * torch.randn(num_blocks, block_size, rank, dtype=like.dtype, device=like.device)
+            deep_setattr(self.cov_factors, name, PyroParam(factor, constraints.real, event_dim=3))
+        if self.num_flows:
+            chain = [PyroModule[Planar](layout.num_latent) for _ in range(self.num_flows)]  # type: ignore[arg-type]
+            planars = PyroModule[nn.ModuleList](chain)  # type: ignore[arg-type]
+            deep_setattr(self.flows, name, planars.to(dtype=like.dtype, device=like.device))
+
+    def _init_mean_field(self, name: str, site: dict) -> None:
+        with helpful_support_errors(site):
+            init_loc = biject_to(site["fn"].support).inv(site["value"].detach()).detach()
+        event_dim = site["fn"].event_dim + init_loc.dim() - site["value"].dim()
+        self._event_dims[name] = event_dim
+        for frame in site["cond_indep_stack"]:
+            full_size = frame.full_size or frame.size
+            if full_size != frame.size:
+                init_loc = periodic_repeat(init_loc, full_size, frame.dim - event_dim).contiguous()
+        deep_setattr(self.locs, name, PyroParam(init_loc, constraints.real, event_dim))
+        init_scale = torch.full_like(init_loc, self._init_scale) * _prior_stddev(site["fn"], init_loc)
+        deep_setattr(self.scales, name, PyroParam(init_scale, self.scale_constraint, event_dim))
+
+    # -- distributions ---------------------------------------------------------------------------
+
+    def get_posterior(self, weight_site: str):
+        """``q(g)`` of a WHVI weight site, event shape ``(K, D)``."""
+        name = g_site_name(weight_site)
+        loc = deep_getattr(self.locs, name)
+        if self.covariance == "full":
+            return dist.MultivariateNormal(loc, scale_tril=deep_getattr(self.scale_trils, name)).to_event(1)
+        scale = deep_getattr(self.scales, name)
+        if self.covariance == "lowrank":
+            factor = deep_getattr(self.cov_factors, name)
+            return dist.LowRankMultivariateNormal(loc, factor, scale**2).to_event(1)
+        if self.num_flows:
+            return PlanarFlowNormal(loc, scale, list(deep_getattr(self.flows, name)))
+        return dist.Normal(loc, scale).to_event(2)
+
+    def weight_distribution(self, weight_site: str) -> WHVIMatrix:
+        """``q(W)`` of a WHVI weight site: :class:`WHVINormal` for Gaussian ``q(g)``, else :class:`WHVIMatrix`."""
+        if self.prototype_trace is None:
+            raise RuntimeError("AutoWHVIGuide.weight_distribution: call the guide once (or train) first.")
+        if weight_site not in self._layouts:
+            raise KeyError(f"{weight_site!r} is not a WHVI site of this guide; WHVI sites: {sorted(self._layouts)}.")
+        s1, s2 = deep_getattr(self.whvi_s1, weight_site), deep_getattr(self.whvi_s2, weight_site)
+        cls = WHVIMatrix if self.num_flows else WHVINormal
+        return cls(s1, s2, self.get_posterior(weight_site), self._layouts[weight_site].shape)
+
+    def forward(self, *args, **kwargs):
+        """Sample every latent site of ``guide.model``; returns ``{site: value}``."""
+        if self.prototype_trace is None:
+            self._setup_prototype(*args, **kwargs)
+        plates = self._create_plates(*args, **kwargs)
+        result = {}
+        for name, site in self.prototype_trace.iter_stochastic_nodes():
+            if name in self._weight_of_g:
+                posterior = self.get_posterior(self._weight_of_g[name])
+                result[name] = pyro.sample(name, posterior, infer={POSTERIOR_KEY: posterior})
+                continue
+            transform = biject_to(site["fn"].support)
+            with ExitStack() as stack:
+                for frame in site["cond_indep_stack"]:
+                    if frame.vectorized:
+                        stack.enter_context(plates[frame.name])
+                loc, scale = deep_getattr(self.locs, name), deep_getattr(self.scales, name)
+                unconstrained = pyro.sample(
+                    name + "_unconstrained",
+                    dist.Normal(loc, scale).to_event(self._event_dims[name]),
+                    infer={"is_auxiliary": True},
+                )
+                value = transform(unconstrained)
+                if poutine.get_mask() is False:
+                    log_density = 0.0
+                else:
+                    log_density = transform.inv.log_abs_det_jacobian(value, unconstrained)
+                    log_density = sum_rightmost(log_density, log_density.dim() - value.dim() + site["fn"].event_dim)
+                result[name] = pyro.sample(
+                    name, dist.Delta(value, log_density=log_density, event_dim=site["fn"].event_dim)
+                )
+        return result
+
+    # -- summaries -------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def quantiles(self, quantiles: Iterable[float], *args, num_samples: int = 1000, **kwargs) -> dict:
+        """Marginal quantiles of every latent site, and of each WHVI weight under its original name.
+
+        Exact for Gaussian ``q(g)``; a Monte-Carlo estimate from ``num_samples`` draws with flows.
+        """
+        levels = torch.as_tensor(list(quantiles))
+        result = {}
+        for name, site in self.prototype_trace.iter_stochastic_nodes():
+            if name in self._weight_of_g:
+                weight_site = self._weight_of_g[name]
+                posterior = self.get_posterior(weight_site)
+                weight_dist = self.weight_distribution(weight_site)
+                if self.num_flows:
+                    result[name] = _empirical_quantiles(posterior.rsample((num_samples,)), levels)
+                    result[weight_site] = _empirical_quantiles(weight_dist.rsample((num_samples,)), levels)
+                else:
+                    std = _marginal_std(posterior)
+                    result[name] = _normal_quantiles(posterior.mean, std, levels)
+                    result[weight_site] = _normal_quantiles(weight_dist.mean, weight_dist.stddev, levels)
+                continue
+            loc, scale = deep_getattr(self.locs, name), deep_getattr(self.scales, name)
+            result[name] = biject_to(site["fn"].support)(_normal_quantiles(loc, scale, levels))
+        return result
+
+    @torch.no_grad()
+    def median(self, *args, num_samples: int = 1000, **kwargs) -> dict:
+        """Posterior medians of every latent site, and of each WHVI weight under its original name."""
+        return {name: value[0] for name, value in self.quantiles([0.5], num_samples=num_samples).items()}
+
+
+def _prior_stddev(fn, like: torch.Tensor) -> torch.Tensor | float:
+    """The prior's standard deviation for a real-valued site (so init scales follow e.g. a fan-in prior), else 1."""
+    support = fn.support
+    while isinstance(support, constraints.independent):
+        support = support.base_constraint
+    if support is not constraints.real:
+        return 1.0
+    try:
+        stddev = fn.stddev.detach()
+    except (NotImplementedError, AttributeError):
+        return 1.0
+    if not torch.isfinite(stddev).all() or (stddev <= 0).any():
+        return 1.0
+    try:
+        return stddev.expand(like.shape)
+    except RuntimeError:
+        return 1.0
+
+
+def _normal_quantiles(loc, scale, levels):
+    levels = levels.to(dtype=loc.dtype, device=loc.device).reshape((-1,) + (1,) * loc.dim())
+    return dist.Normal(loc, scale).icdf(levels)
+
+
+def _empirical_quantiles(samples, levels):
+    return torch.quantile(samples, levels.to(samples.dtype), dim=0)
+
+
+def _marginal_std(posterior):
+    base = posterior
+    while isinstance(base, torch.distributions.Independent):
+        base = base.base_dist
+    return base.variance.sqrt()

@@ -1,0 +1,115 @@
+"""Data loaders and metrics against hand-made data, and the experiment scripts end to end on tiny runs."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from pyro_whvi.data import (
+    TOY_GAP,
+    gaussian_mnll,
+    load_uci_split,
+    num_uci_splits,
+    rmse,
+    toy_function,
+    toy_regression_1d,
+)
+
+from .helpers import ROOT
+
+
+def write_uci(directory, rows=40, features=3, splits=2, seed=0):
+    rng = np.random.default_rng(seed)
+    data = rng.normal(size=(rows, features + 1)) * [1.0, 2.0, 3.0, 1.0][: features + 1] + 5.0
+    directory.mkdir(parents=True, exist_ok=True)
+    np.savetxt(directory / "data.txt", data)
+    np.savetxt(directory / "index_features.txt", np.arange(features), fmt="%d")
+    np.savetxt(directory / "index_target.txt", [features], fmt="%d")
+    for split in range(splits):
+        order = rng.permutation(rows)
+        np.savetxt(directory / f"index_train_{split}.txt", order[: rows * 9 // 10], fmt="%d")
+        np.savetxt(directory / f"index_test_{split}.txt", order[rows * 9 // 10 :], fmt="%d")
+    return data
+
+
+def test_uci_split_is_standardized_with_training_statistics(tmp_path):
+    data = write_uci(tmp_path / "toy")
+    split = load_uci_split(tmp_path / "toy", 1)
+    train = np.loadtxt(tmp_path / "toy" / "index_train_1.txt", dtype=int)
+    assert num_uci_splits(tmp_path / "toy") == 2
+    assert split.x_train.shape == (36, 3) and split.x_test.shape == (4, 3)
+    torch.testing.assert_close(split.x_train.mean(0), torch.zeros(3), atol=1e-12, rtol=0)
+    assert split.y_mean == pytest.approx(data[train, 3].mean()) and split.y_std == pytest.approx(data[train, 3].std())
+    raw = split.y_test * split.y_std + split.y_mean
+    test = np.loadtxt(tmp_path / "toy" / "index_test_1.txt", dtype=int)
+    torch.testing.assert_close(raw, torch.as_tensor(data[test, 3]))
+
+
+def test_uci_errors_name_the_problem(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"missing.*data.txt"):
+        load_uci_split(tmp_path, 0)
+    write_uci(tmp_path / "toy")
+    with pytest.raises(FileNotFoundError, match="split 7"):
+        load_uci_split(tmp_path / "toy", 7)
+    bad = np.loadtxt(tmp_path / "toy" / "data.txt")
+    bad[0, 0] = np.nan
+    np.savetxt(tmp_path / "toy" / "data.txt", bad)
+    with pytest.raises(ValueError, match="NaN"):
+        load_uci_split(tmp_path / "toy", 0)
+
+
+def test_metrics_match_closed_forms():
+    y = torch.tensor([0.0, 1.0, 2.0])
+    f = torch.tensor([[0.0, 1.0, 2.0], [2.0, 1.0, 0.0]])
+    assert rmse(f, y) == pytest.approx(math.sqrt(2 / 3))
+    # Mixture of two Gaussians with sd 0.5 at each point.
+    expected = -np.mean(
+        [
+            math.log(
+                0.5
+                * (math.exp(-0.5 * (a / 0.5) ** 2) + math.exp(-0.5 * (b / 0.5) ** 2))
+                / (0.5 * math.sqrt(2 * math.pi))
+            )
+            for a, b in [(0.0, 2.0), (0.0, 0.0), (0.0, 2.0)]
+        ]
+    )
+    assert gaussian_mnll(f, 0.5, y) == pytest.approx(expected)
+
+
+def test_toy_problem_has_its_gap():
+    x, y = toy_regression_1d(128, seed=3)
+    assert x.shape == (128, 1) and y.shape == (128,)
+    assert ((x < TOY_GAP[0]) | (x > TOY_GAP[1])).all() and (x >= -1).all() and (x <= 2).all()
+    assert (y - toy_function(x[:, 0])).std() == pytest.approx(math.exp(-1.5), rel=0.25)
+    torch.testing.assert_close(toy_regression_1d(128, seed=3)[1], y)
+
+
+def _load_script(name):
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "benchmarks" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_uci_regression_script_runs(tmp_path):
+    write_uci(tmp_path / "tiny", rows=30)
+    args = ["--data-dir", str(tmp_path / "tiny"), "--splits", "2", "--steps", "3", "--hidden", "8"]
+    args += ["--methods", "whvi,nf-whvi,mean-field", "--samples", "4", "--out", str(tmp_path / "out")]
+    _load_script("uci_regression").main(args)
+    result = json.loads((tmp_path / "out" / "uci_tiny.json").read_text())
+    assert {row["method"] for row in result["rows"]} == {"whvi", "nf-whvi", "mean-field"}
+    assert all(math.isfinite(row["rmse"]) and math.isfinite(row["mnll"]) for row in result["rows"])
+    assert (tmp_path / "out" / "uci_tiny.md").is_file()
+
+
+def test_toy_regression_script_runs(tmp_path):
+    _load_script("toy_regression").main(["--steps", "2", "--samples", "5", "--out", str(tmp_path)])
+    result = json.loads((tmp_path / "toy_regression.json").read_text())
+    assert set(result["results"]) == {"WHVI", "NF-WHVI", "mean-field"}
+    assert (tmp_path / "toy_regression.png").stat().st_size > 0

@@ -1,0 +1,30 @@
+"""The SVI-step benchmark script runs end to end, as a command, on a tiny sweep and writes its outputs."""
+
+from __future__ import annotations
+
+import json
+
+from .helpers import ROOT, run_python
+
+SCRIPT = ROOT / "benchmarks" / "svi_step.py"
+
+
+def test_svi_step_benchmark_quick(tmp_path):
+    argv = [str(SCRIPT), "--quick", "--max-log2-d", "8", "--batch", "8", "--rounds", "1", "--min-run-time", "0.01"]
+    argv += ["--threads", "1", "--out", str(tmp_path)]
+    result = run_python(f"import runpy, sys; sys.argv = {argv!r}; runpy.run_path(sys.argv[0], run_name='__main__')")
+    assert result.returncode == 0, result.stderr[-3000:]
+    for suffix in ("json", "csv", "md", "png"):
+        assert (tmp_path / f"svi_step_quick.{suffix}").is_file(), suffix
+    data = json.loads((tmp_path / "svi_step_quick.json").read_text())
+    assert data["meta"]["validation"] is False and data["meta"]["threads"] == 1
+    rows = {row["D"]: row for row in data["results"]}
+    assert sorted(rows) == [128, 256]
+    for size, row in rows.items():
+        assert row["batch"] == 8
+        assert row["autonormal_ms_per_step"] > 0 and row["whvi_ms_per_step"] > 0
+        assert row["whvi_over_autonormal"] > 0
+        # AutoNormal: a loc and a scale per weight and bias of the [D, D, D, 1] network.
+        assert row["autonormal_params"] == 2 * (2 * size * size + 3 * size + 1)
+        assert 0 < row["whvi_params"] < row["autonormal_params"]
+    assert "| D | AutoNormal params | WHVI params |" in (tmp_path / "svi_step_quick.md").read_text()
