@@ -19,10 +19,7 @@ a markdown table and a plot of time vs D.
 from __future__ import annotations
 
 import argparse
-import csv
-import json
 import math
-import platform
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -33,6 +30,9 @@ from torch.utils import benchmark
 from tqdm import tqdm
 
 from pyro_whvi import ops
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _results import environment, report_saved, save_figure, save_tables, style_log_axes
 
 FWHT_METHODS = ("compiled", "reference", "hadamard-transform", "dense matmul", "clone")
 MATVEC_METHODS = ("compiled", "reference", "dense matmul")
@@ -158,17 +158,9 @@ def plot(table: list[dict[str, Any]], path: Path) -> bool:
             points = sorted((r["D"], r["time_us"]) for r in table if r["op"] == op and r["method"] == method)
             if points:
                 ax.plot(*zip(*points), marker="o", label=method)
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("D")
-        ax.set_title(f"{op} (fp32, CPU)")
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend()
+        style_log_axes(ax, "D", f"{op} (fp32, CPU)")
     axes[0].set_ylabel("time per call [µs]")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return True
+    return save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -193,26 +185,9 @@ def main(argv: list[str] | None = None) -> int:
     text = markdown(table, args.batch)
     print(text)
 
-    args.out.mkdir(parents=True, exist_ok=True)
     stem = "fwht_quick" if args.quick else "fwht"
-    meta = {
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "torch": torch.__version__,
-        "threads": torch.get_num_threads(),
-        "machine": platform.machine(),
-        "processor": platform.processor(),
-    }
-    (args.out / f"{stem}.json").write_text(json.dumps({"meta": meta, "results": table}, indent=2))
-    with open(args.out / f"{stem}.csv", "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(table[0]))
-        writer.writeheader()
-        writer.writerows(table)
-    (args.out / f"{stem}.md").write_text(text + "\n")
-    plotted = plot(table, args.out / f"{stem}.png")
-    print(
-        f"\nsaved {args.out / stem}.{{json,csv,md}}"
-        + (" and .png" if plotted else " (install matplotlib for the plot)")
-    )
+    save_tables(args.out, stem, environment(), table, text)
+    report_saved(args.out, stem, plot(table, args.out / f"{stem}.png"))
     return 0
 
 

@@ -24,11 +24,8 @@ plot of time vs D. Other processes on the cores slow multi-threaded steps badly;
 from __future__ import annotations
 
 import argparse
-import csv
 import gc
-import json
 import math
-import platform
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -45,6 +42,9 @@ from tqdm import tqdm
 
 from pyro_whvi import AutoWHVIGuide, ops
 from pyro_whvi.models import BayesianMLP
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _results import environment, report_saved, save_figure, save_tables, style_log_axes
 
 GUIDES = ("AutoNormal", "WHVI")
 WARMUP_STEPS = 3
@@ -131,17 +131,9 @@ def plot(rows: list[dict[str, Any]], batch: int, threads: int, path: Path) -> bo
     sizes = [r["D"] for r in rows]
     for label, key in (("AutoNormal", "autonormal_ms_per_step"), ("AutoWHVIGuide", "whvi_ms_per_step")):
         ax.plot(sizes, [r[key] for r in rows], marker="o", label=label)
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("D (hidden width)")
     ax.set_ylabel("time per SVI step [ms]")
-    ax.set_title(f"BayesianMLP([D, D, D, 1]), batch {batch} (fp32, CPU, {threads} threads)")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return True
+    style_log_axes(ax, "D (hidden width)", f"BayesianMLP([D, D, D, 1]), batch {batch} (fp32, CPU, {threads} threads)")
+    return save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -178,32 +170,18 @@ def main(argv: list[str] | None = None) -> int:
     text = markdown(rows, args.batch, threads)
     print(text)
 
-    args.out.mkdir(parents=True, exist_ok=True)
     stem = "svi_step_quick" if args.quick else "svi_step"
-    meta = {
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "torch": torch.__version__,
-        "pyro": pyro.__version__,
-        "whvi_backend": backend,
-        "threads": threads,
-        "rounds": rounds,
-        "min_run_time": min_run_time,
-        "warmup_steps": WARMUP_STEPS,
-        "validation": False,
-        "machine": platform.machine(),
-        "processor": platform.processor(),
-    }
-    (args.out / f"{stem}.json").write_text(json.dumps({"meta": meta, "results": rows}, indent=2))
-    with open(args.out / f"{stem}.csv", "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    (args.out / f"{stem}.md").write_text(text + "\n")
-    plotted = plot(rows, args.batch, threads, args.out / f"{stem}.png")
-    print(
-        f"\nsaved {args.out / stem}.{{json,csv,md}}"
-        + (" and .png" if plotted else " (install matplotlib for the plot)")
+    meta = environment(
+        pyro=pyro.__version__,
+        whvi_backend=backend,
+        threads=threads,
+        rounds=rounds,
+        min_run_time=min_run_time,
+        warmup_steps=WARMUP_STEPS,
+        validation=False,
     )
+    save_tables(args.out, stem, meta, rows, text)
+    report_saved(args.out, stem, plot(rows, args.batch, threads, args.out / f"{stem}.png"))
     return 0
 
 

@@ -323,6 +323,17 @@ def test_changed_model_is_a_clear_error():
         _train(guide, x, y, steps=1)
 
 
+def test_vectorized_sampling_is_refused_with_the_fix():
+    model = BayesianMLP([5, 8, 8, 1])
+    guide = AutoWHVIGuide(model)
+    x, y = _data()
+    guide(x, y)
+    with pytest.raises(ValueError, match=r"parallel=False"):
+        Predictive(guide.model, guide=guide, num_samples=3, parallel=True)(x)
+    with pytest.raises(ValueError, match=r"without vectorize_particles"):
+        SVI(guide.model, guide, pyro.optim.Adam({}), Trace_ELBO(2, vectorize_particles=True)).step(x, y)
+
+
 @pytest.mark.parametrize(
     "kwargs,match",
     [

@@ -23,7 +23,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable
 from contextlib import ExitStack
-from operator import attrgetter
 
 import pyro
 import pyro.distributions as dist
@@ -40,26 +39,20 @@ from torch import nn
 from torch.distributions import biject_to
 
 from ..distributions import PlanarFlowNormal, WHVILayout, WHVIMatrix, WHVINormal
+from ._guide_utils import (
+    deep_getattr,
+    empirical_quantiles,
+    has_deep_attr,
+    marginal_std,
+    normal_quantiles,
+    prior_stddev,
+)
 from .model import ReparameterizedModel, SiteFilter, select_whvi_sites
 from .reparam import POSTERIOR_KEY, WHVIReparam, g_site_name, init_whvi_scales
 
 __all__ = ["AutoWHVIGuide"]
 
-
-def deep_getattr(obj, name: str):
-    """``obj.a.b.c`` for ``name = "a.b.c"`` (the counterpart of Pyro's ``deep_setattr``)."""
-    return attrgetter(name)(obj)
-
-
 COVARIANCES = ("diagonal", "full", "lowrank")
-
-
-def _has_deep_attr(obj, name: str) -> bool:
-    try:
-        deep_getattr(obj, name)
-    except AttributeError:
-        return False
-    return True
 
 
 class _GuideOwnedReparam(WHVIReparam):
@@ -79,7 +72,7 @@ class _GuideOwnedReparam(WHVIReparam):
 
     def scales(self, name, layout, like):
         guide = self._guide[0]
-        if not _has_deep_attr(guide.whvi_s1, name):
+        if not has_deep_attr(guide.whvi_s1, name):
             s1, s2 = init_whvi_scales(layout, self.prior_variance, like)
             deep_setattr(guide.whvi_s1, name, PyroParam(s1, constraints.real, event_dim=2))
             deep_setattr(guide.whvi_s2, name, PyroParam(s2, constraints.real, event_dim=2))
@@ -237,7 +230,7 @@ class AutoWHVIGuide(AutoGuide):
             if full_size != frame.size:
                 init_loc = periodic_repeat(init_loc, full_size, frame.dim - event_dim).contiguous()
         deep_setattr(self.locs, name, PyroParam(init_loc, constraints.real, event_dim))
-        init_scale = torch.full_like(init_loc, self._init_scale) * _prior_stddev(site["fn"], init_loc)
+        init_scale = torch.full_like(init_loc, self._init_scale) * prior_stddev(site["fn"], init_loc)
         deep_setattr(self.scales, name, PyroParam(init_scale, self.scale_constraint, event_dim))
 
     # -- distributions ---------------------------------------------------------------------------
@@ -315,53 +308,18 @@ class AutoWHVIGuide(AutoGuide):
                 posterior = self.get_posterior(weight_site)
                 weight_dist = self.weight_distribution(weight_site)
                 if self.num_flows:
-                    result[name] = _empirical_quantiles(posterior.rsample((num_samples,)), levels)
-                    result[weight_site] = _empirical_quantiles(weight_dist.rsample((num_samples,)), levels)
+                    result[name] = empirical_quantiles(posterior.rsample((num_samples,)), levels)
+                    result[weight_site] = empirical_quantiles(weight_dist.rsample((num_samples,)), levels)
                 else:
-                    std = _marginal_std(posterior)
-                    result[name] = _normal_quantiles(posterior.mean, std, levels)
-                    result[weight_site] = _normal_quantiles(weight_dist.mean, weight_dist.stddev, levels)
+                    std = marginal_std(posterior)
+                    result[name] = normal_quantiles(posterior.mean, std, levels)
+                    result[weight_site] = normal_quantiles(weight_dist.mean, weight_dist.stddev, levels)
                 continue
             loc, scale = deep_getattr(self.locs, name), deep_getattr(self.scales, name)
-            result[name] = biject_to(site["fn"].support)(_normal_quantiles(loc, scale, levels))
+            result[name] = biject_to(site["fn"].support)(normal_quantiles(loc, scale, levels))
         return result
 
     @torch.no_grad()
     def median(self, *args, num_samples: int = 1000, **kwargs) -> dict:
         """Posterior medians of every latent site, and of each WHVI weight under its original name."""
         return {name: value[0] for name, value in self.quantiles([0.5], num_samples=num_samples).items()}
-
-
-def _prior_stddev(fn, like: torch.Tensor) -> torch.Tensor | float:
-    """The prior's standard deviation for a real-valued site (so init scales follow e.g. a fan-in prior), else 1."""
-    support = fn.support
-    while isinstance(support, constraints.independent):
-        support = support.base_constraint
-    if support is not constraints.real:
-        return 1.0
-    try:
-        stddev = fn.stddev.detach()
-    except (NotImplementedError, AttributeError):
-        return 1.0
-    if not torch.isfinite(stddev).all() or (stddev <= 0).any():
-        return 1.0
-    try:
-        return stddev.expand(like.shape)
-    except RuntimeError:
-        return 1.0
-
-
-def _normal_quantiles(loc, scale, levels):
-    levels = levels.to(dtype=loc.dtype, device=loc.device).reshape((-1,) + (1,) * loc.dim())
-    return dist.Normal(loc, scale).icdf(levels)
-
-
-def _empirical_quantiles(samples, levels):
-    return torch.quantile(samples, levels.to(samples.dtype), dim=0)
-
-
-def _marginal_std(posterior):
-    base = posterior
-    while isinstance(base, torch.distributions.Independent):
-        base = base.base_dist
-    return base.variance.sqrt()

@@ -154,8 +154,8 @@ class WHVIReparam(Reparam):
         if g.shape != layout.block_shape:
             raise ValueError(
                 f"WHVI site {name!r}: g has shape {tuple(g.shape)}, expected {tuple(layout.block_shape)}; WHVI "
-                "weights cannot sit inside pyro.plate or vectorized particles (use num_particles without "
-                "vectorize_particles)."
+                "weights cannot sit inside pyro.plate or vectorized particles: use Predictive(..., parallel=False) "
+                "and ELBOs with num_particles but without vectorize_particles."
             )
         posterior = capture.posterior
         local = posterior is not None and local_reparameterization_enabled(self.local_reparameterization)

@@ -1,0 +1,59 @@
+"""Small helpers of :class:`~pyro_whvi.AutoWHVIGuide`: nested attribute access, prior scales, quantiles."""
+
+from __future__ import annotations
+
+from operator import attrgetter
+
+import pyro.distributions as dist
+import torch
+from pyro.distributions import constraints
+
+__all__ = ["deep_getattr", "empirical_quantiles", "has_deep_attr", "marginal_std", "normal_quantiles", "prior_stddev"]
+
+
+def deep_getattr(obj, name: str):
+    """``obj.a.b.c`` for ``name = "a.b.c"`` (the counterpart of Pyro's ``deep_setattr``)."""
+    return attrgetter(name)(obj)
+
+
+def has_deep_attr(obj, name: str) -> bool:
+    try:
+        deep_getattr(obj, name)
+    except AttributeError:
+        return False
+    return True
+
+
+def prior_stddev(fn, like: torch.Tensor) -> torch.Tensor | float:
+    """The prior's standard deviation for a real-valued site (so init scales follow e.g. a fan-in prior), else 1."""
+    support = fn.support
+    while isinstance(support, constraints.independent):
+        support = support.base_constraint
+    if support is not constraints.real:
+        return 1.0
+    try:
+        stddev = fn.stddev.detach()
+    except (NotImplementedError, AttributeError):
+        return 1.0
+    if not torch.isfinite(stddev).all() or (stddev <= 0).any():
+        return 1.0
+    try:
+        return stddev.expand(like.shape)
+    except RuntimeError:
+        return 1.0
+
+
+def normal_quantiles(loc, scale, levels):
+    levels = levels.to(dtype=loc.dtype, device=loc.device).reshape((-1,) + (1,) * loc.dim())
+    return dist.Normal(loc, scale).icdf(levels)
+
+
+def empirical_quantiles(samples, levels):
+    return torch.quantile(samples, levels.to(samples.dtype), dim=0)
+
+
+def marginal_std(posterior):
+    base = posterior
+    while isinstance(base, torch.distributions.Independent):
+        base = base.base_dist
+    return base.variance.sqrt()
