@@ -165,9 +165,16 @@ def test_hide_expose_and_mean_field_last_layer():
     guide = AutoWHVIGuide(model, mean_field_last_layer=True)
     guide(x)
     assert sorted(guide.whvi_layouts) == ["layers.0.weight", "layers.1.weight"]
-    guide = AutoWHVIGuide(model, hide=["layers.0.weight"])
+    for hide in (["layers.0.weight"], "layers.0.weight", lambda name: name == "layers.0.weight"):
+        guide = AutoWHVIGuide(model, hide=hide)
+        guide(x)
+        assert sorted(guide.whvi_layouts) == ["layers.1.weight", "layers.2.weight"]
+    guide = AutoWHVIGuide(model, expose="layers.2.weight")
     guide(x)
-    assert sorted(guide.whvi_layouts) == ["layers.1.weight", "layers.2.weight"]
+    assert list(guide.whvi_layouts) == ["layers.2.weight"]
+    guide = AutoWHVIGuide(model, expose="all")
+    guide(x)
+    assert len(guide.whvi_layouts) == 6  # every weight and bias: all have at least two entries
     guide = AutoWHVIGuide(model, expose=lambda name: name.startswith("layers.1."))
     guide(x)
     assert sorted(guide.whvi_layouts) == ["layers.1.bias", "layers.1.weight"]
@@ -321,6 +328,14 @@ def test_changed_model_is_a_clear_error():
     guide._model = (type(guide.model)(smaller, guide),)
     with pytest.raises(RuntimeError, match=r"'layers.0.weight' now has shape \(8, 5\)"):
         _train(guide, x, y, steps=1)
+
+
+def test_summaries_before_set_up_say_what_to_do():
+    guide = AutoWHVIGuide(BayesianMLP([5, 8, 1]))
+    with pytest.raises(RuntimeError, match="call the guide once"):
+        guide.median()
+    with pytest.raises(RuntimeError, match="call the guide once"):
+        guide.weight_distribution("layers.0.weight")
 
 
 def test_vectorized_sampling_is_refused_with_the_fix():

@@ -300,6 +300,8 @@ class AutoWHVIGuide(AutoGuide):
 
         Exact for Gaussian ``q(g)``; a Monte-Carlo estimate from ``num_samples`` draws with flows.
         """
+        if self.prototype_trace is None:
+            raise RuntimeError("AutoWHVIGuide.quantiles/median: call the guide once (or train it) first.")
         levels = torch.as_tensor(list(quantiles))
         result = {}
         for name, site in self.prototype_trace.iter_stochastic_nodes():
