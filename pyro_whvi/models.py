@@ -34,6 +34,9 @@ class BayesianMLP(PyroModule):
     :param learn_noise: learn the noise scale (a point estimate) or keep it fixed.
 
     Shape letters: ``N`` examples, ``D_in`` inputs, ``D_out`` outputs.
+
+    References:
+        WHVI paper (Rossi et al., NeurIPS 2020), §3.1–3.2 and App. D.1 (architectures, likelihood).
     """
 
     def __init__(

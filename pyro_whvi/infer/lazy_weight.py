@@ -66,6 +66,9 @@ class WHVIWeight(Tensor):
     :param distribution: the :class:`~pyro_whvi.distributions.WHVIMatrix` the weight follows.
     :param g: the site's draw of ``g``, ``(K, D)``; the dense weight is ``distribution.weight(g)``.
     :param local: whether ``F.linear``/``F.conv2d`` draw a fresh ``g`` per example.
+
+    References:
+        WHVI paper (Rossi et al., NeurIPS 2020), §2.3 (eq. 6) and §3.3 (convolutions as products).
     """
 
     distribution: WHVIMatrix
