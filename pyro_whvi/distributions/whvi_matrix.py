@@ -21,7 +21,7 @@ from torch import Tensor
 from torch.distributions import Distribution, Independent, LowRankMultivariateNormal, MultivariateNormal, Normal
 
 from ..ops import fwht, whvi_matvec
-from ..ops.shapes import stacked_whvi_matvec
+from ..ops.shapes import stacked_whvi_matvec, stacked_whvi_weight
 from .layout import WHVILayout
 
 __all__ = ["WHVIMatrix", "WHVINormal", "gaussian_blocks", "whvi_weight"]
@@ -35,15 +35,13 @@ def whvi_weight(s1: Tensor, g: Tensor, s2: Tensor, layout: WHVILayout) -> Tensor
 
     :returns: ``(..., *layout.shape)``.
     """
-    block_size = layout.block_size
     batch_shape = g.shape[:-2]
-    eye = torch.eye(block_size, dtype=g.dtype, device=g.device).unsqueeze(-2)  # (D_j, 1, D_i)
-    columns = whvi_matvec(eye, s1, g.unsqueeze(-3), s2)  # (..., D_j, K, D_i) = W_k[i, j]
-    matrix = columns.movedim(-3, -1).reshape(*batch_shape, layout.num_latent, block_size)
     if layout.kind == "vector":
-        flat = matrix.reshape(*batch_shape, block_size * block_size)[..., : layout.out_features]
+        block = stacked_whvi_weight(s1, g, s2, layout.block_size, layout.block_size)
+        flat = block.reshape(*batch_shape, -1)[..., : layout.out_features]
         return flat.reshape(*batch_shape, *layout.shape)
-    return matrix[..., : layout.out_features, : layout.in_features].reshape(*batch_shape, *layout.shape)
+    matrix = stacked_whvi_weight(s1, g, s2, layout.out_features, layout.in_features)
+    return matrix.reshape(*batch_shape, *layout.shape)
 
 
 def gaussian_blocks(g_dist: Distribution) -> tuple[Tensor, Tensor]:

@@ -124,14 +124,14 @@ def stacked_whvi_weight(s1: Tensor, g: Tensor, s2: Tensor, out_features: int, in
 
     Extra rows and padded columns are dropped.
 
-    :param g: ``(K, D)``, one draw. Costs :math:`O(K D^2 \log D)`; meant for checks and small layers.
+    :param g: ``(K, D)`` for one draw, or ``(..., K, D)`` for several. Costs :math:`O(K D^2 \log D)`
+        per draw; meant for checks, small layers and uses that need the matrix itself.
+    :returns: ``(..., D_out, D_in)``.
     """
     from . import whvi_matvec
 
     num_blocks, block_size = _check_blocks(s1, g, s2)
-    if g.dim() != 2:
-        raise ValueError(f"stacked_whvi_weight: g must have shape (K, D) (one draw), got {tuple(g.shape)}.")
     eye = torch.eye(block_size, dtype=s1.dtype, device=s1.device).unsqueeze(-2)  # (D_in, 1, D)
-    columns = whvi_matvec(eye, s1, g, s2)  # (j, k, i) = W_k[i, j]
-    weight = columns.permute(1, 2, 0).reshape(num_blocks * block_size, block_size)
-    return weight[:out_features, :in_features]
+    columns = whvi_matvec(eye, s1, g.unsqueeze(-3), s2)  # (..., j, k, i) = W_k[i, j]
+    weight = columns.movedim(-3, -1).reshape(*g.shape[:-2], num_blocks * block_size, block_size)
+    return weight[..., :out_features, :in_features]
