@@ -20,7 +20,7 @@ from pyro.distributions import TorchDistribution, constraints
 from torch import Tensor
 from torch.distributions import Distribution, Independent, LowRankMultivariateNormal, MultivariateNormal, Normal
 
-from ..ops import fwht, whvi_matvec
+from ..ops import fwht
 from ..ops.shapes import stacked_whvi_matvec, stacked_whvi_weight
 from .layout import WHVILayout
 
@@ -176,9 +176,8 @@ class WHVINormal(WHVIMatrix):
         index = torch.arange(block_size, device=self.s1.device)
         xor = index.unsqueeze(-1) ^ index  # (a, c) -> a xor c
         r = self.g_covariance.gather(-1, xor.expand_as(self.g_covariance)).sum(-2)  # (K, D)
-        eye = torch.eye(block_size, dtype=r.dtype, device=r.device).unsqueeze(-2)
         ones = torch.ones_like(r)
-        h_r_h = whvi_matvec(eye, ones, r, ones).movedim(-3, -1)  # (K, D, D), symmetric
+        h_r_h = stacked_whvi_weight(ones, r, ones, r.numel(), block_size).reshape(*r.shape, block_size)  # H diag(r) H
         block_variance = (self.s1**2).unsqueeze(-1) * (self.s2**2).unsqueeze(-2) * h_r_h / block_size
         return self._cut(block_variance.reshape(self.layout.num_latent, block_size))
 
