@@ -22,7 +22,6 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..distributions import WHVIMatrix
-from ..ops.shapes import stacked_whvi_matvec
 
 __all__ = ["WHVIWeight", "local_reparameterization", "local_reparameterization_enabled"]
 
@@ -151,8 +150,7 @@ def _linear(input, weight, bias=None):
     distribution = weight.distribution
     if input.shape[-1] != distribution.layout.in_features:
         return None  # let F.linear raise its usual shape error on the dense weight
-    g = distribution.g_dist.rsample(input.shape[:-1])
-    output = stacked_whvi_matvec(input, distribution.s1, g, distribution.s2, distribution.layout.out_features)
+    output = distribution.matvec(input)  # a fresh draw of g per row
     if bias is not None:
         output = output + _densify(bias)
     return output
@@ -173,7 +171,7 @@ def _conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1)
     width = (images.shape[-1] + 2 * padding[1] - dilation[1] * (kernel_w - 1) - 1) // stride[1] + 1
     distribution = weight.distribution
     g = distribution.g_dist.rsample(images.shape[:1]).unsqueeze(-3)  # one draw per image: (N, 1, K, D)
-    output = stacked_whvi_matvec(patches.mT, distribution.s1, g, distribution.s2, out_channels)  # (N, L, C_out)
+    output = distribution.matvec(patches.mT, g)  # (N, L, C_out)
     output = output.mT.reshape(images.shape[0], out_channels, height, width)
     if bias is not None:
         output = output + _densify(bias).reshape(-1, 1, 1)
