@@ -47,6 +47,7 @@ from ._guide_utils import (
     normal_quantiles,
     prior_stddev,
 )
+from .lazy_weight import local_reparameterization_enabled
 from .model import ReparameterizedModel, SiteFilter, select_whvi_sites
 from .reparam import POSTERIOR_KEY, WHVIReparam, g_site_name, init_whvi_scales
 
@@ -62,13 +63,8 @@ class _GuideOwnedReparam(WHVIReparam):
         super().__init__(guide.prior_variance)
         self._guide = (guide,)
 
-    @property
-    def local_reparameterization(self) -> bool:
-        return self._guide[0].local_reparameterization
-
-    @local_reparameterization.setter
-    def local_reparameterization(self, value: bool) -> None:
-        pass  # the guide's attribute is the switch
+    def local_enabled(self) -> bool:
+        return local_reparameterization_enabled(self._guide[0].local_reparameterization)
 
     def scales(self, name, layout, like):
         guide = self._guide[0]

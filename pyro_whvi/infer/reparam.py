@@ -130,8 +130,14 @@ class WHVIReparam(Reparam):
 
     def scales(self, name: str, layout: WHVILayout, like: Tensor) -> tuple[Tensor, Tensor]:
         """``(s1, s2)`` for site ``name``: the extension point. Default: ``pyro.param`` in the param store."""
-        init = init_whvi_scales(layout, self.prior_variance, like)
-        return pyro.param(f"{name}_whvi_s1", init[0]), pyro.param(f"{name}_whvi_s2", init[1])
+        # Lazy inits: after the first step the store has both, and no random init is drawn again.
+        s1 = pyro.param(f"{name}_whvi_s1", lambda: init_whvi_scales(layout, self.prior_variance, like)[0])
+        s2 = pyro.param(f"{name}_whvi_s2", lambda: init_whvi_scales(layout, self.prior_variance, like)[1])
+        return s1, s2
+
+    def local_enabled(self) -> bool:
+        """Whether weights made now draw ``g`` per example (a :func:`local_reparameterization` block wins)."""
+        return local_reparameterization_enabled(self.local_reparameterization)
 
     def apply(self, msg: ReparamMessage) -> ReparamResult:
         name, fn = msg["name"], cast(dist.TorchDistribution, msg["fn"])
@@ -158,6 +164,6 @@ class WHVIReparam(Reparam):
                 "and ELBOs with num_particles but without vectorize_particles."
             )
         posterior = capture.posterior
-        local = posterior is not None and local_reparameterization_enabled(self.local_reparameterization)
+        local = posterior is not None and self.local_enabled()
         weight = WHVIWeight(WHVIMatrix(s1, s2, posterior if posterior is not None else prior, layout.shape), g, local)
         return {"fn": dist.Delta(weight, event_dim=fn.event_dim).mask(False), "value": weight, "is_observed": True}
