@@ -24,7 +24,7 @@ from ..ops import fwht
 from ..ops.shapes import stacked_whvi_matvec, stacked_whvi_weight
 from .layout import WHVILayout
 
-__all__ = ["WHVIMatrix", "WHVINormal", "gaussian_blocks", "whvi_weight"]
+__all__ = ["WHVIMatrix", "WHVINormal", "base_distribution", "gaussian_blocks", "has_real_support", "whvi_weight"]
 
 
 def whvi_weight(s1: Tensor, g: Tensor, s2: Tensor, layout: WHVILayout) -> Tensor:
@@ -44,6 +44,21 @@ def whvi_weight(s1: Tensor, g: Tensor, s2: Tensor, layout: WHVILayout) -> Tensor
     return matrix.reshape(*batch_shape, *layout.shape)
 
 
+def base_distribution(fn: Distribution) -> Distribution:
+    """``fn`` without the ``Independent`` / ``expand`` wrappers Pyro puts around a distribution."""
+    while isinstance(fn, Independent) or type(fn).__name__ == "ExpandedDistribution":
+        fn = fn.base_dist  # type: ignore[attr-defined]
+    return fn
+
+
+def has_real_support(fn: Distribution) -> bool:
+    """Whether every entry of ``fn``'s support is the whole real line."""
+    support = fn.support
+    while isinstance(support, constraints.independent):
+        support = support.base_constraint
+    return support is constraints.real
+
+
 def gaussian_blocks(g_dist: Distribution) -> tuple[Tensor, Tensor]:
     """Mean ``(K, D)`` and per-block covariance ``(K, D, D)`` of a Gaussian ``q(g)``.
 
@@ -52,9 +67,7 @@ def gaussian_blocks(g_dist: Distribution) -> tuple[Tensor, Tensor]:
 
     :raises TypeError: for any other distribution.
     """
-    base = g_dist
-    while isinstance(base, Independent):
-        base = base.base_dist
+    base = base_distribution(g_dist)
     if isinstance(base, Normal):
         return base.mean.expand(g_dist.event_shape), torch.diag_embed(base.variance.expand(g_dist.event_shape))
     if isinstance(base, (MultivariateNormal, LowRankMultivariateNormal)):

@@ -6,7 +6,8 @@ from operator import attrgetter
 
 import pyro.distributions as dist
 import torch
-from pyro.distributions import constraints
+
+from ..distributions.whvi_matrix import base_distribution, has_real_support
 
 __all__ = ["deep_getattr", "empirical_quantiles", "has_deep_attr", "marginal_std", "normal_quantiles", "prior_stddev"]
 
@@ -26,10 +27,7 @@ def has_deep_attr(obj, name: str) -> bool:
 
 def prior_stddev(fn, like: torch.Tensor) -> torch.Tensor | float:
     """The prior's standard deviation for a real-valued site (so init scales follow e.g. a fan-in prior), else 1."""
-    support = fn.support
-    while isinstance(support, constraints.independent):
-        support = support.base_constraint
-    if support is not constraints.real:
+    if not has_real_support(fn):
         return 1.0
     try:
         stddev = fn.stddev.detach()
@@ -53,7 +51,4 @@ def empirical_quantiles(samples, levels):
 
 
 def marginal_std(posterior):
-    base = posterior
-    while isinstance(base, torch.distributions.Independent):
-        base = base.base_dist
-    return base.variance.sqrt()
+    return base_distribution(posterior).variance.sqrt()

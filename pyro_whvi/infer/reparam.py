@@ -28,9 +28,10 @@ import torch
 from pyro.infer.reparam.reparam import Reparam, ReparamMessage, ReparamResult
 from pyro.poutine.messenger import Messenger
 from torch import Tensor
-from torch.distributions import Independent, Normal
+from torch.distributions import Normal
 
 from ..distributions import WHVILayout, WHVIMatrix
+from ..distributions.whvi_matrix import base_distribution, has_real_support
 from .lazy_weight import WHVIWeight, local_reparameterization_enabled
 
 __all__ = ["WHVIReparam", "check_whvi_site", "g_site_name", "init_whvi_scales", "whvi_prior"]
@@ -47,10 +48,7 @@ def check_whvi_site(name: str, fn) -> WHVILayout:
     """The layout of weight site ``name`` with prior ``fn``, or a ``ValueError`` saying why WHVI cannot take it."""
     if getattr(fn.support, "is_discrete", False):
         raise ValueError(f"WHVI site {name!r}: {type(fn).__name__} is discrete; WHVI needs a real-valued weight.")
-    support = fn.support
-    while isinstance(support, dist.constraints.independent):
-        support = support.base_constraint
-    if support is not dist.constraints.real:
+    if not has_real_support(fn):
         raise ValueError(
             f"WHVI site {name!r}: support {fn.support} is not the real line; WHVI weights are unconstrained "
             "(hide this site from the WHVI guide so that it gets a mean-field guide)."
@@ -62,12 +60,6 @@ def check_whvi_site(name: str, fn) -> WHVILayout:
             "weight sites outside pyro.plate."
         )
     return WHVILayout.for_shape(fn.event_shape, site=name)
-
-
-def _base_distribution(fn):
-    while isinstance(fn, Independent) or type(fn).__name__ == "ExpandedDistribution":
-        fn = fn.base_dist
-    return fn
 
 
 def whvi_prior(layout: WHVILayout, prior_variance: float, like: Tensor):
@@ -144,9 +136,9 @@ class WHVIReparam(Reparam):
         if msg["is_observed"]:
             raise ValueError(f"WHVIReparam: site {name!r} is observed; WHVI applies to latent weights only.")
         layout = check_whvi_site(name, fn)
-        if not isinstance(_base_distribution(fn), Normal):
+        if not isinstance(base_distribution(fn), Normal):
             warnings.warn(
-                f"WHVI site {name!r}: the prior {type(_base_distribution(fn)).__name__} is replaced by the WHVI prior "
+                f"WHVI site {name!r}: the prior {type(base_distribution(fn)).__name__} is replaced by the WHVI prior "
                 f"g ~ N(0, {self.prior_variance} I) on the latent g (a prior on W has no density on WHVI's subspace).",
                 UserWarning,
                 stacklevel=2,
