@@ -5,13 +5,16 @@ product with compiled CPU kernels and a pure-PyTorch reference.
 """
 
 from . import distributions, infer, ops
-from .distributions import WHVIMatrix, WHVINormal
-from .infer import AutoWHVIGuide, WHVIReparam, local_reparameterization
+from .distributions import StructuredDropoutNoise, WHVIMatrix, WHVINormal
+from .infer import AutoVSDGuide, AutoWHVIGuide, KLAnnealing, WHVIReparam, local_reparameterization
 
 __version__ = "0.1.0.dev0"
 
 __all__ = [
+    "AutoVSDGuide",
     "AutoWHVIGuide",
+    "KLAnnealing",
+    "StructuredDropoutNoise",
     "WHVIMatrix",
     "WHVINormal",
     "WHVIReparam",

@@ -7,19 +7,45 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import cast
 
 import pyro
 import pyro.distributions as dist
 import torch
+import torch.nn.functional as F
 from pyro.nn import PyroModule, PyroParam, PyroSample
 from torch import Tensor, nn
 
-__all__ = ["BayesianMLP"]
+__all__ = ["BayesianCNN", "BayesianMLP"]
+
+LIKELIHOODS = ("gaussian", "categorical")
+
+
+def _bayesian_layer(layer: nn.Linear | nn.Conv2d, fan_in: int, prior_scale: float) -> nn.Module:
+    """Turn an ``nn.Linear``/``nn.Conv2d`` into a ``PyroModule`` with ``N(0, prior_scale^2 / fan_in)`` weights."""
+    weight_shape, bias_shape = list(layer.weight.shape), [layer.weight.shape[0]]
+    pyro.nn.module.to_pyro_module_(layer)
+    weight_prior = dist.Normal(0.0, prior_scale / math.sqrt(fan_in)).expand(weight_shape).to_event(len(weight_shape))
+    setattr(layer, "weight", PyroSample(weight_prior))  # noqa: B010 (PyroSample is not a Tensor for mypy)
+    setattr(layer, "bias", PyroSample(dist.Normal(0.0, prior_scale).expand(bias_shape).to_event(1)))  # noqa: B010
+    return layer
+
+
+def _observe(f: Tensor, y: Tensor | None, likelihood: str, noise_scale, num_data: int | None) -> None:
+    pyro.deterministic("f", f)
+    batch = f.shape[0]
+    if num_data is not None and num_data < batch:
+        raise ValueError(f"num_data={num_data} is smaller than the batch ({batch} examples).")
+    subsample = torch.arange(batch, device=f.device) if num_data is not None else None
+    with pyro.plate("data", num_data or batch, subsample=subsample):
+        if likelihood == "categorical":
+            pyro.sample("obs", dist.Categorical(logits=f), obs=y)
+        else:
+            event_dims = 0 if f.dim() == 1 else 1
+            pyro.sample("obs", dist.Normal(f, noise_scale).to_event(event_dims), obs=y)
 
 
 class BayesianMLP(PyroModule):
-    r"""Fully connected Bayesian network with a Gaussian likelihood and a learned noise scale.
+    r"""Fully connected Bayesian network with a Gaussian (learned noise scale) or categorical likelihood.
 
     A weight with ``fan_in`` inputs has the prior :math:`\mathcal{N}(0, \text{prior\_scale}^2 / \text{fan\_in})`
     (the scaling under which a wide network's prior stays finite, and the one WHVI's default prior
@@ -32,6 +58,11 @@ class BayesianMLP(PyroModule):
     :param prior_scale: prior standard deviation of the biases, and of the weights times ``sqrt(fan_in)``.
     :param noise_scale: (initial) observation noise standard deviation.
     :param learn_noise: learn the noise scale (a point estimate) or keep it fixed.
+    :param likelihood: ``"gaussian"`` (regression) or ``"categorical"`` (``D_out`` classes, logits ``f``,
+        integer labels).
+    :param dropout: Bernoulli dropout rate on the inputs of every layer after the first, active in
+        every forward pass: with a point-estimate guide (``AutoDelta``) this is MC dropout
+        (Gal & Ghahramani, 2016), the prior acting as weight decay.
 
     Shape letters: ``N`` examples, ``D_in`` inputs, ``D_out`` outputs.
 
@@ -46,21 +77,26 @@ class BayesianMLP(PyroModule):
         prior_scale: float = 1.0,
         noise_scale: float = 0.1,
         learn_noise: bool = True,
+        likelihood: str = "gaussian",
+        dropout: float = 0.0,
     ):
         super().__init__()
         if len(widths) < 2 or any(int(w) < 1 for w in widths):
             raise ValueError(f"BayesianMLP: widths must list at least two positive sizes, got {list(widths)}.")
+        if likelihood not in LIKELIHOODS:
+            raise ValueError(f"BayesianMLP: likelihood must be one of {LIKELIHOODS}, got {likelihood!r}.")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"BayesianMLP: dropout must be in [0, 1), got {dropout!r}.")
         self.widths = [int(w) for w in widths]
-        self.activation = activation
-        layers = []
-        for d_in, d_out in zip(self.widths[:-1], self.widths[1:]):
-            layer = PyroModule[nn.Linear](d_in, d_out)  # type: ignore[arg-type,call-arg]
-            weight_scale = prior_scale / math.sqrt(d_in)
-            layer.weight = PyroSample(dist.Normal(0.0, weight_scale).expand([d_out, d_in]).to_event(2))
-            layer.bias = PyroSample(dist.Normal(0.0, prior_scale).expand([d_out]).to_event(1))
-            layers.append(layer)
+        self.activation, self.likelihood, self.dropout = activation, likelihood, float(dropout)
+        layers = [
+            _bayesian_layer(nn.Linear(d_in, d_out), d_in, prior_scale)
+            for d_in, d_out in zip(self.widths[:-1], self.widths[1:])
+        ]
         self.layers = PyroModule[nn.ModuleList](layers)  # type: ignore[arg-type]
-        if learn_noise:
+        if likelihood == "categorical":
+            self.noise_scale = None
+        elif learn_noise:
             self.noise_scale = PyroParam(torch.tensor(float(noise_scale)), dist.constraints.positive)
         else:
             self.register_buffer("noise_scale", torch.tensor(float(noise_scale)))
@@ -71,15 +107,75 @@ class BayesianMLP(PyroModule):
             raise ValueError(f"BayesianMLP: x must have shape (N, {self.widths[0]}), got {tuple(x.shape)}.")
         h = x
         for k, layer in enumerate(self.layers):
+            if k > 0 and self.dropout:
+                h = F.dropout(h, self.dropout, training=True)
             h = layer(h)
             if k < len(self.layers) - 1:
                 h = self.activation(h)
-        return h.squeeze(-1) if self.widths[-1] == 1 else h
+        return h.squeeze(-1) if self.widths[-1] == 1 and self.likelihood == "gaussian" else h
 
-    def forward(self, x: Tensor, y: Tensor | None = None) -> Tensor:
+    def forward(self, x: Tensor, y: Tensor | None = None, num_data: int | None = None) -> Tensor:
+        """Sample ``obs`` given ``x``; with ``num_data`` the batch's likelihood is scaled by ``num_data / N``."""
         f = self.predict(x)
-        pyro.deterministic("f", f)
-        event_dims = 0 if self.widths[-1] == 1 else 1
-        with pyro.plate("data", x.shape[0]):
-            pyro.sample("obs", dist.Normal(f, cast(Tensor, self.noise_scale)).to_event(event_dims), obs=y)
+        _observe(f, y, self.likelihood, self.noise_scale, num_data)
+        return f
+
+
+class BayesianCNN(PyroModule):
+    r"""A small Bayesian CNN classifier: two 3x3 conv + ReLU + 2x2 max-pool blocks, one hidden FC layer.
+
+    Priors as :class:`BayesianMLP` (``N(0, prior_scale^2 / fan_in)``, fan-in ``C_in k^2`` for a filter);
+    categorical likelihood over ``num_classes`` logits. The paper's CNN for CIFAR/SVHN has 32 and 64
+    kernels and 128 hidden units (VSD paper App. I.4); the defaults are smaller for 8x8 digits.
+
+    :param image_shape: ``(C, H, W)`` of the inputs; ``H`` and ``W`` divisible by 4.
+    :param channels: output channels of the two conv layers.
+    :param hidden: width of the hidden FC layer.
+    :param dropout: MC dropout rate on the inputs of the two FC layers (see :class:`BayesianMLP`).
+
+    Shape letters: ``N`` images, ``C`` channels, ``H x W`` pixels.
+    """
+
+    def __init__(
+        self,
+        image_shape: Sequence[int] = (1, 8, 8),
+        num_classes: int = 10,
+        channels: Sequence[int] = (16, 32),
+        hidden: int = 64,
+        prior_scale: float = 1.0,
+        dropout: float = 0.0,
+    ):
+        super().__init__()
+        in_channels, height, width = (int(v) for v in image_shape)
+        if height % 4 or width % 4:
+            raise ValueError(f"BayesianCNN: image height and width must be divisible by 4, got {tuple(image_shape)}.")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"BayesianCNN: dropout must be in [0, 1), got {dropout!r}.")
+        self.image_shape, self.dropout = (in_channels, height, width), float(dropout)
+        c1, c2 = (int(c) for c in channels)
+        self.conv1 = _bayesian_layer(nn.Conv2d(in_channels, c1, 3, padding=1), in_channels * 9, prior_scale)
+        self.conv2 = _bayesian_layer(nn.Conv2d(c1, c2, 3, padding=1), c1 * 9, prior_scale)
+        features = c2 * (height // 4) * (width // 4)
+        self.fc1 = _bayesian_layer(nn.Linear(features, hidden), features, prior_scale)
+        self.fc2 = _bayesian_layer(nn.Linear(hidden, num_classes), hidden, prior_scale)
+
+    def predict(self, x: Tensor) -> Tensor:
+        """Logits ``(N, num_classes)`` for images ``(N, C, H, W)``."""
+        if x.dim() != 4 or tuple(x.shape[1:]) != self.image_shape:
+            raise ValueError(
+                f"BayesianCNN: x must have shape (N, {', '.join(map(str, self.image_shape))}), got {tuple(x.shape)}."
+            )
+        h = F.max_pool2d(torch.relu(self.conv1(x)), 2)
+        h = F.max_pool2d(torch.relu(self.conv2(h)), 2).flatten(1)
+        if self.dropout:
+            h = F.dropout(h, self.dropout, training=True)
+        h = torch.relu(self.fc1(h))
+        if self.dropout:
+            h = F.dropout(h, self.dropout, training=True)
+        return self.fc2(h)
+
+    def forward(self, x: Tensor, y: Tensor | None = None, num_data: int | None = None) -> Tensor:
+        """Sample ``obs`` given images ``x``; with ``num_data`` the likelihood is scaled by ``num_data / N``."""
+        f = self.predict(x)
+        _observe(f, y, "categorical", None, num_data)
         return f

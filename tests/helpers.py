@@ -69,3 +69,9 @@ def whvi_a_matrix(s1: torch.Tensor, s2: torch.Tensor, shape: tuple[int, ...]) ->
                 weight = stack[: shape[0], : int(np.prod(shape[1:]))]
             columns.append(weight.reshape(-1))
     return torch.stack(columns, dim=-1)
+
+
+def regression_data(num: int = 32, d_in: int = 5):
+    """A small smooth regression problem, ``x ~ N(0, I)``, ``y = sin(sum x)``."""
+    x = torch.randn(num, d_in)
+    return x, torch.sin(x.sum(-1))

@@ -19,6 +19,8 @@ from pyro_whvi import AutoWHVIGuide, WHVIMatrix, WHVINormal
 from pyro_whvi.infer import WHVIWeight, local_reparameterization
 from pyro_whvi.models import BayesianMLP
 
+from .helpers import regression_data
+
 GUIDES = {
     "diagonal": {},
     "full": {"covariance": "full"},
@@ -32,11 +34,6 @@ def guide_kwargs(request):
     return GUIDES[request.param]
 
 
-def _data(num=32, d_in=5):
-    x = torch.randn(num, d_in)
-    return x, torch.sin(x.sum(-1))
-
-
 def _train(guide, x, y, steps=30, loss=None, lr=0.01):
     svi = SVI(guide.model, guide, pyro.optim.Adam({"lr": lr}), loss or Trace_ELBO())
     return [svi.step(x, y) for _ in range(steps)]
@@ -45,7 +42,7 @@ def _train(guide, x, y, steps=30, loss=None, lr=0.01):
 def test_selection_default_and_parameter_count(guide_kwargs):
     model = BayesianMLP([5, 16, 16, 1])
     guide = AutoWHVIGuide(model, **guide_kwargs)
-    x, y = _data()
+    x, y = regression_data()
     guide(x, y)
     # The 16 x 5 and 16 x 16 weights are WHVI; the 1 x 16 output weight (a side of 1) is mean-field.
     assert sorted(guide.whvi_layouts) == ["layers.0.weight", "layers.1.weight"]
@@ -64,7 +61,7 @@ def test_selection_default_and_parameter_count(guide_kwargs):
 def test_svi_with_pyro_elbos_decreases_the_loss(guide_kwargs, elbo):
     model = BayesianMLP([5, 16, 16, 1])
     guide = AutoWHVIGuide(model, **guide_kwargs)
-    x, y = _data()
+    x, y = regression_data()
     losses = _train(guide, x, y, steps=60, loss=elbo(), lr=0.03)
     assert all(math.isfinite(loss) for loss in losses)
     assert sum(losses[-10:]) / 10 < sum(losses[:10]) / 10
@@ -73,7 +70,7 @@ def test_svi_with_pyro_elbos_decreases_the_loss(guide_kwargs, elbo):
 def test_svi_learns_s1_and_s2_and_the_model_trace_records_them():
     model = BayesianMLP([5, 16, 16, 1])
     guide = AutoWHVIGuide(model)
-    x, y = _data()
+    x, y = regression_data()
     guide(x, y)
     before = guide.whvi_s1.layers._modules["1"].weight.detach().clone()
     guide_trace = pyro.poutine.trace(guide).get_trace(x, y)
@@ -90,7 +87,7 @@ def test_no_dense_weight_is_formed_during_training(monkeypatch):
     monkeypatch.setattr(WHVIWeight, "dense", lambda self: calls.append(1) or original(self))
     model = BayesianMLP([5, 16, 16, 1])
     guide = AutoWHVIGuide(model)
-    x, y = _data()
+    x, y = regression_data()
     guide(x, y)  # set-up traces the model once without q(g), so it forms the weights of that trace
     calls.clear()
     _train(guide, x, y, steps=3)
@@ -103,7 +100,7 @@ def test_no_dense_weight_is_formed_during_training(monkeypatch):
 def test_predictive_median_quantiles(guide_kwargs):
     model = BayesianMLP([5, 16, 16, 1])
     guide = AutoWHVIGuide(model, **guide_kwargs)
-    x, y = _data()
+    x, y = regression_data()
     _train(guide, x, y, steps=5)
     samples = Predictive(guide.model, guide=guide, num_samples=7, return_sites=["f", "obs", "layers.1.weight"])(x)
     assert samples["f"].reshape(7, 32).shape == samples["obs"].shape == (7, 32)
@@ -124,7 +121,7 @@ def test_predictive_median_quantiles(guide_kwargs):
 def test_state_dict_round_trip(guide_kwargs):
     model = BayesianMLP([5, 16, 16, 1])
     guide = AutoWHVIGuide(model, **guide_kwargs)
-    x, y = _data()
+    x, y = regression_data()
     _train(guide, x, y, steps=20)
     buffer = io.BytesIO()
     torch.save(guide.state_dict(), buffer)
@@ -148,7 +145,7 @@ def test_state_dict_round_trip(guide_kwargs):
 def test_param_store_save_load(tmp_path):
     model = BayesianMLP([5, 16, 16, 1])
     guide = AutoWHVIGuide(model)
-    x, y = _data()
+    x, y = regression_data()
     _train(guide, x, y, steps=10)
     expected = guide.median()
     pyro.get_param_store().save(tmp_path / "params.pt")
@@ -161,7 +158,7 @@ def test_param_store_save_load(tmp_path):
 
 def test_hide_expose_and_mean_field_last_layer():
     model = BayesianMLP([5, 16, 16, 3])
-    x, _ = _data()
+    x, _ = regression_data()
     guide = AutoWHVIGuide(model, mean_field_last_layer=True)
     guide(x)
     assert sorted(guide.whvi_layouts) == ["layers.0.weight", "layers.1.weight"]
@@ -221,7 +218,7 @@ def test_conv_filters_through_whvi():
 def test_local_reparameterization_switches():
     model = BayesianMLP([5, 16, 16, 1])
     guide = AutoWHVIGuide(model, local_reparameterization=False)
-    x, y = _data()
+    x, y = regression_data()
     guide(x, y)
     weight = pyro.poutine.trace(pyro.poutine.replay(guide.model, pyro.poutine.trace(guide).get_trace(x)))
     value = weight.get_trace(x).nodes["layers.1.weight"]["value"]
@@ -238,7 +235,7 @@ def test_local_reparameterization_switches():
 def test_materialized_weight_for_other_uses():
     model = BayesianMLP([5, 16, 16, 1])
     guide = AutoWHVIGuide(model)
-    x, y = _data()
+    x, y = regression_data()
     guide(x, y)
     trace = pyro.poutine.trace(pyro.poutine.replay(guide.model, pyro.poutine.trace(guide).get_trace(x)))
     value = trace.get_trace(x).nodes["layers.1.weight"]["value"]
@@ -258,7 +255,7 @@ def test_reparam_alone_with_any_guide():
     model = BayesianMLP([5, 16, 16, 1])
     reparam_model = pyro.poutine.reparam(model, {"layers.1.weight": WHVIReparam(prior_variance=0.5)})
     guide = AutoNormal(reparam_model)
-    x, y = _data()
+    x, y = regression_data()
     svi = SVI(reparam_model, guide, pyro.optim.Adam({"lr": 0.01}), Trace_ELBO())
     svi.step(x, y)
     s1 = pyro.param("layers.1.weight_whvi_s1").detach().clone()
@@ -311,7 +308,7 @@ def test_non_gaussian_prior_warns_and_is_replaced():
 def test_changed_model_is_a_clear_error():
     model = BayesianMLP([5, 16, 16, 1])
     guide = AutoWHVIGuide(model)
-    x, y = _data()
+    x, y = regression_data()
     _train(guide, x, y, steps=1)
     model.layers[1].weight = PyroSample(dist.Normal(0.0, 1.0).expand([16, 16]).to_event(2))
     model.extra = PyroSample(dist.Normal(0.0, 1.0))
@@ -341,7 +338,7 @@ def test_summaries_before_set_up_say_what_to_do():
 def test_vectorized_sampling_is_refused_with_the_fix():
     model = BayesianMLP([5, 8, 8, 1])
     guide = AutoWHVIGuide(model)
-    x, y = _data()
+    x, y = regression_data()
     guide(x, y)
     with pytest.raises(ValueError, match=r"parallel=False"):
         Predictive(guide.model, guide=guide, num_samples=3, parallel=True)(x)

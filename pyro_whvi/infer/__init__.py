@@ -1,15 +1,26 @@
-"""Inference: the WHVI reparameterizer, the lazy WHVI weight and :class:`AutoWHVIGuide`."""
+"""Inference: the structured guides (WHVI, VSD), the WHVI reparameterizer, lazy weights, KL annealing."""
 
+from .annealing import KLAnnealing
 from .autoguide import AutoWHVIGuide
-from .lazy_weight import WHVIWeight, local_reparameterization
+from .lazy_weight import LazyWeight, VSDWeight, WHVIWeight, local_reparameterization
 from .model import ReparameterizedModel
 from .reparam import WHVIReparam, g_site_name
+from .vsd import EmpiricalBayesPrior, VSDPosterior, z_site_name
+from .vsd_guide import AutoVSDGuide, HouseholderVectors
 
 __all__ = [
+    "AutoVSDGuide",
     "AutoWHVIGuide",
+    "EmpiricalBayesPrior",
+    "HouseholderVectors",
+    "KLAnnealing",
+    "LazyWeight",
     "ReparameterizedModel",
+    "VSDPosterior",
+    "VSDWeight",
     "WHVIReparam",
     "WHVIWeight",
     "g_site_name",
     "local_reparameterization",
+    "z_site_name",
 ]

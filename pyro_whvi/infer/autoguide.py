@@ -22,34 +22,23 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
-from contextlib import ExitStack
 
 import pyro
 import pyro.distributions as dist
 import torch
-from pyro import poutine
 from pyro.distributions import constraints
 from pyro.distributions.transforms import Planar
-from pyro.distributions.util import sum_rightmost
-from pyro.infer.autoguide import AutoGuide, init_to_sample
-from pyro.infer.autoguide.utils import deep_setattr, helpful_support_errors
+from pyro.infer.autoguide import init_to_sample
+from pyro.infer.autoguide.utils import deep_setattr
 from pyro.nn import PyroModule, PyroParam
-from pyro.ops.tensor_utils import periodic_repeat
 from torch import nn
-from torch.distributions import biject_to
 
 from ..distributions import PlanarFlowNormal, WHVILayout, WHVIMatrix, WHVINormal
-from ._guide_utils import (
-    deep_getattr,
-    empirical_quantiles,
-    has_deep_attr,
-    marginal_std,
-    normal_quantiles,
-    prior_stddev,
-)
+from ._base import StructuredAutoGuide
+from ._guide_utils import deep_getattr, empirical_quantiles, has_deep_attr, marginal_std, normal_quantiles
 from .lazy_weight import local_reparameterization_enabled
-from .model import ReparameterizedModel, SiteFilter, select_whvi_sites
-from .reparam import POSTERIOR_KEY, WHVIReparam, g_site_name, init_whvi_scales
+from .model import ReparameterizedModel, SiteFilter
+from .reparam import POSTERIOR_KEY, WHVIReparam, check_whvi_site, g_site_name, init_whvi_scales
 
 __all__ = ["AutoWHVIGuide"]
 
@@ -78,7 +67,18 @@ class _GuideOwnedReparam(WHVIReparam):
             return deep_getattr(guide.whvi_s1, name), deep_getattr(guide.whvi_s2, name)
 
 
-class AutoWHVIGuide(AutoGuide):
+def _is_default_weight(fn) -> bool:
+    shape = fn.event_shape
+    return (
+        fn.batch_shape == torch.Size()
+        and len(shape) == 2
+        and shape[0] > 1
+        and shape[1] > 1
+        and not getattr(fn.support, "is_discrete", False)
+    )
+
+
+class AutoWHVIGuide(StructuredAutoGuide):
     r"""WHVI / NF-WHVI guide for the weight sites of a Pyro model, mean-field Normal for the rest.
 
     :param model: a Pyro model (e.g. a ``PyroModule`` with ``PyroSample`` weight priors).
@@ -106,8 +106,6 @@ class AutoWHVIGuide(AutoGuide):
     References:
         WHVI paper (Rossi et al., NeurIPS 2020), §2.2–2.5 (NF-WHVI: §2.5, App. C), App. D.1.
     """
-
-    scale_constraint = constraints.softplus_positive
 
     def __init__(
         self,
@@ -154,35 +152,35 @@ class AutoWHVIGuide(AutoGuide):
 
     def select_sites(self, original_model: Callable, *args, **kwargs) -> None:
         """Trace the original model once and fix which weight sites go under WHVI."""
-        self.model_site_shapes, self.whvi_layouts = select_whvi_sites(
+        self.whvi_layouts = self._trace_and_select(
             original_model,
             args,
             kwargs,
-            expose=self._expose,
-            hide=self._hide,
+            check_site=check_whvi_site,
+            is_default=_is_default_weight,
             last_mean_field=self._mean_field_last_layer,
         )
         self._weight_of_g = {g_site_name(name): name for name in self.whvi_layouts}
 
     @property
-    def _layouts(self) -> dict[str, WHVILayout]:
-        if self.whvi_layouts is None:
-            raise RuntimeError(
-                "AutoWHVIGuide: the WHVI sites are chosen on the first call of the guide or guide.model."
-            )
+    def structured_sites(self) -> dict[str, WHVILayout] | None:
+        """The WHVI weight sites and their layouts (``None`` until the first call)."""
         return self.whvi_layouts
+
+    def auxiliary_model_sites(self) -> set[str]:
+        return {g_site_name(name) for name in self.whvi_layouts or {}}
+
+    def replace_model_site(self, msg: dict) -> None:
+        new_msg = self.reparam.apply({"name": msg["name"], "fn": msg["fn"], "value": None, "is_observed": False})
+        msg["fn"], msg["value"], msg["is_observed"] = new_msg["fn"], new_msg["value"], new_msg["is_observed"]
+
+    @property
+    def _layouts(self) -> dict[str, WHVILayout]:
+        return self._selected_sites()
 
     # -- prototype and parameters ----------------------------------------------------------------
 
-    def _setup_prototype(self, *args, **kwargs):
-        self._in_setup = True
-        try:
-            super()._setup_prototype(*args, **kwargs)
-        finally:
-            self._in_setup = False
-        self._event_dims: dict[str, int] = {}
-        self.locs = PyroModule()
-        self.scales = PyroModule()
+    def _init_structured_parameters(self) -> None:
         if self.covariance == "full":
             self.scale_trils = PyroModule()
         if self.covariance == "lowrank":
@@ -216,19 +214,6 @@ class AutoWHVIGuide(AutoGuide):
             planars = PyroModule[nn.ModuleList](chain)  # type: ignore[arg-type]
             deep_setattr(self.flows, name, planars.to(dtype=like.dtype, device=like.device))
 
-    def _init_mean_field(self, name: str, site: dict) -> None:
-        with helpful_support_errors(site):
-            init_loc = biject_to(site["fn"].support).inv(site["value"].detach()).detach()
-        event_dim = site["fn"].event_dim + init_loc.dim() - site["value"].dim()
-        self._event_dims[name] = event_dim
-        for frame in site["cond_indep_stack"]:
-            full_size = frame.full_size or frame.size
-            if full_size != frame.size:
-                init_loc = periodic_repeat(init_loc, full_size, frame.dim - event_dim).contiguous()
-        deep_setattr(self.locs, name, PyroParam(init_loc, constraints.real, event_dim))
-        init_scale = torch.full_like(init_loc, self._init_scale) * prior_stddev(site["fn"], init_loc)
-        deep_setattr(self.scales, name, PyroParam(init_scale, self.scale_constraint, event_dim))
-
     # -- distributions ---------------------------------------------------------------------------
 
     def get_posterior(self, weight_site: str):
@@ -255,38 +240,11 @@ class AutoWHVIGuide(AutoGuide):
         cls = WHVIMatrix if self.num_flows else WHVINormal
         return cls(s1, s2, self.get_posterior(weight_site), self._layouts[weight_site].shape)
 
-    def forward(self, *args, **kwargs):
-        """Sample every latent site of ``guide.model``; returns ``{site: value}``."""
-        if self.prototype_trace is None:
-            self._setup_prototype(*args, **kwargs)
-        plates = self._create_plates(*args, **kwargs)
-        result = {}
-        for name, site in self.prototype_trace.iter_stochastic_nodes():
-            if name in self._weight_of_g:
-                posterior = self.get_posterior(self._weight_of_g[name])
-                result[name] = pyro.sample(name, posterior, infer={POSTERIOR_KEY: posterior})
-                continue
-            transform = biject_to(site["fn"].support)
-            with ExitStack() as stack:
-                for frame in site["cond_indep_stack"]:
-                    if frame.vectorized:
-                        stack.enter_context(plates[frame.name])
-                loc, scale = deep_getattr(self.locs, name), deep_getattr(self.scales, name)
-                unconstrained = pyro.sample(
-                    name + "_unconstrained",
-                    dist.Normal(loc, scale).to_event(self._event_dims[name]),
-                    infer={"is_auxiliary": True},
-                )
-                value = transform(unconstrained)
-                if poutine.get_mask() is False:
-                    log_density = 0.0
-                else:
-                    log_density = transform.inv.log_abs_det_jacobian(value, unconstrained)
-                    log_density = sum_rightmost(log_density, log_density.dim() - value.dim() + site["fn"].event_dim)
-                result[name] = pyro.sample(
-                    name, dist.Delta(value, log_density=log_density, event_dim=site["fn"].event_dim)
-                )
-        return result
+    def _sample_structured(self, name, sampled):
+        if name not in self._weight_of_g:
+            return None
+        posterior = self.get_posterior(self._weight_of_g[name])
+        return pyro.sample(name, posterior, infer={POSTERIOR_KEY: posterior})
 
     # -- summaries -------------------------------------------------------------------------------
 
@@ -313,8 +271,7 @@ class AutoWHVIGuide(AutoGuide):
                     result[name] = normal_quantiles(posterior.mean, std, levels)
                     result[weight_site] = normal_quantiles(weight_dist.mean, weight_dist.stddev, levels)
                 continue
-            loc, scale = deep_getattr(self.locs, name), deep_getattr(self.scales, name)
-            result[name] = biject_to(site["fn"].support)(normal_quantiles(loc, scale, levels))
+            result[name] = self._mean_field_quantiles(name, site, levels)
         return result
 
     @torch.no_grad()

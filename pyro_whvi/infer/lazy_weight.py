@@ -1,6 +1,10 @@
-r"""A weight value that is never formed unless something needs it (WHVI local reparameterization).
+r"""Weight values that are never formed unless something needs it (local reparameterization).
 
-The reparameterized model hands layers a :class:`WHVIWeight` instead of a dense tensor. Passed to
+:class:`LazyWeight` is the base: a tensor subclass with a shape and no storage, whose
+``F.linear``/``F.conv2d`` go through :meth:`LazyWeight.local_linear` / :meth:`LazyWeight.local_conv2d`
+(one noise draw per example) and every other use through :meth:`LazyWeight.dense_weight`.
+
+WHVI: the reparameterized model hands layers a :class:`WHVIWeight` instead of a dense tensor. Passed to
 ``F.linear`` or ``F.conv2d`` it computes the product through the fused WHVI op with an independent
 draw of ``g`` for every example (WHVI paper §2.3, eq. 6), :math:`O(K D \log D)` per example and no
 :math:`D \times D` matrix. Any other use (indexing, ``W.t()``, arithmetic, printing the values)
@@ -10,6 +14,10 @@ Local reparameterization changes the joint distribution of outputs across exampl
 own weights) but not any single example's, so ELBO estimates stay unbiased and their variance
 drops. Switch it off to draw coherent functions (e.g. to plot sampled curves):
 ``with local_reparameterization(False): ...``.
+
+VSD: :class:`VSDWeight` is ``diag(xi) Theta`` (noise on the inputs of a linear layer, on the output
+channels of a convolution); ``F.linear`` multiplies the inputs by a fresh ``xi`` per example,
+``F.conv2d`` the output channels (VSD paper §3.4, App. B): dropout-style, the noisy weight is never formed.
 """
 
 from __future__ import annotations
@@ -22,8 +30,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..distributions import WHVIMatrix
+from ..distributions.householder import StructuredDropoutNoise
 
-__all__ = ["WHVIWeight", "local_reparameterization", "local_reparameterization_enabled"]
+__all__ = ["LazyWeight", "VSDWeight", "WHVIWeight", "local_reparameterization", "local_reparameterization_enabled"]
 
 _LOCAL_OVERRIDE: list[bool] = []
 
@@ -59,46 +68,44 @@ def local_reparameterization_enabled(default: bool) -> bool:
     return _LOCAL_OVERRIDE[-1] if _LOCAL_OVERRIDE else default
 
 
-class WHVIWeight(Tensor):
-    """The value of a WHVI weight site: ``distribution`` (``q(W)``) and the site's draw ``g``.
+_pair = torch.nn.modules.utils._pair
 
-    :param distribution: the :class:`~pyro_whvi.distributions.WHVIMatrix` the weight follows.
-    :param g: the site's draw of ``g``, ``(K, D)``; the dense weight is ``distribution.weight(g)``.
-    :param local: whether ``F.linear``/``F.conv2d`` draw a fresh ``g`` per example.
 
-    References:
-        WHVI paper (Rossi et al., NeurIPS 2020), §2.3 (eq. 6) and §3.3 (convolutions as products).
+class LazyWeight(Tensor):
+    """Base of the lazy weights: a shape and no storage, and three hooks for subclasses.
+
+    * :meth:`dense_weight` (required): the weight of the site's own draw, formed on demand.
+    * :meth:`local_linear`, :meth:`local_conv2d`: ``F.linear``/``F.conv2d`` with one draw per
+      example; return ``None`` to fall back to the dense weight.
+
+    ``local`` switches the fast paths on or off (off: every op sees the site's draw).
     """
 
-    distribution: WHVIMatrix
-    g: Tensor
     local: bool
 
     @staticmethod
-    def __new__(cls, distribution: WHVIMatrix, g: Tensor, local: bool = True):
-        return Tensor._make_wrapper_subclass(
-            cls, distribution.layout.shape, dtype=g.dtype, device=g.device, requires_grad=False
-        )
+    def _wrap(cls, shape, like: Tensor):
+        return Tensor._make_wrapper_subclass(cls, shape, dtype=like.dtype, device=like.device, requires_grad=False)
 
-    def __init__(self, distribution: WHVIMatrix, g: Tensor, local: bool = True):
-        self.distribution = distribution
-        self.g = g
+    def _init_lazy(self, local: bool) -> None:
         self.local = local
         self._dense: dict[bool, Tensor] = {}
 
+    def dense_weight(self) -> Tensor:
+        raise NotImplementedError
+
+    def local_linear(self, input: Tensor) -> Tensor | None:
+        return None
+
+    def local_conv2d(self, images: Tensor, stride, padding, dilation) -> Tensor | None:
+        return None
+
     def dense(self) -> Tensor:
-        """The dense weight of the site's draw of ``g`` (cached; differentiable)."""
+        """The dense weight of the site's draw (cached per grad mode; differentiable)."""
         grad_mode = torch.is_grad_enabled()
         if grad_mode not in self._dense:
-            self._dense[grad_mode] = self.distribution.weight(self.g)
+            self._dense[grad_mode] = self.dense_weight()
         return self._dense[grad_mode]
-
-    def __repr__(self, *, tensor_contents=None):
-        layout = self.distribution.layout
-        return (
-            f"WHVIWeight(shape={tuple(layout.shape)}, blocks={tuple(layout.block_shape)}, "
-            f"local_reparameterization={self.local})"
-        )
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
@@ -119,13 +126,126 @@ class WHVIWeight(Tensor):
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         raise RuntimeError(
-            f"WHVIWeight reached the dispatcher through {func}, which bypasses __torch_function__; "
+            f"{cls.__name__} reached the dispatcher through {func}, which bypasses __torch_function__; "
             "call .dense() on the weight first."
         )
 
 
+class WHVIWeight(LazyWeight):
+    """The value of a WHVI weight site: ``distribution`` (``q(W)``) and the site's draw ``g``.
+
+    :param distribution: the :class:`~pyro_whvi.distributions.WHVIMatrix` the weight follows.
+    :param g: the site's draw of ``g``, ``(K, D)``; the dense weight is ``distribution.weight(g)``.
+    :param local: whether ``F.linear``/``F.conv2d`` draw a fresh ``g`` per example.
+
+    References:
+        WHVI paper (Rossi et al., NeurIPS 2020), §2.3 (eq. 6) and §3.3 (convolutions as products).
+    """
+
+    distribution: WHVIMatrix
+    g: Tensor
+
+    @staticmethod
+    def __new__(cls, distribution: WHVIMatrix, g: Tensor, local: bool = True):
+        return LazyWeight._wrap(cls, distribution.layout.shape, g)
+
+    def __init__(self, distribution: WHVIMatrix, g: Tensor, local: bool = True):
+        self.distribution = distribution
+        self.g = g
+        self._init_lazy(local)
+
+    def dense_weight(self) -> Tensor:
+        return self.distribution.weight(self.g)
+
+    def __repr__(self, *, tensor_contents=None):
+        layout = self.distribution.layout
+        return (
+            f"WHVIWeight(shape={tuple(layout.shape)}, blocks={tuple(layout.block_shape)}, "
+            f"local_reparameterization={self.local})"
+        )
+
+    def local_linear(self, input):
+        if self.distribution.layout.kind != "matrix":
+            return None
+        return self.distribution.matvec(input)  # a fresh draw of g per row
+
+    def local_conv2d(self, images, stride, padding, dilation):
+        distribution = self.distribution
+        if distribution.layout.kind != "matrix":
+            return None
+        out_channels, _, kernel_h, kernel_w = self.shape
+        patches = F.unfold(images, (kernel_h, kernel_w), dilation=dilation, padding=padding, stride=stride)
+        height = (images.shape[-2] + 2 * padding[0] - dilation[0] * (kernel_h - 1) - 1) // stride[0] + 1
+        width = (images.shape[-1] + 2 * padding[1] - dilation[1] * (kernel_w - 1) - 1) // stride[1] + 1
+        g = distribution.g_dist.rsample(images.shape[:1]).unsqueeze(-3)  # one draw per image: (N, 1, K, D)
+        output = distribution.matvec(patches.mT, g)  # (N, L, C_out)
+        return output.mT.reshape(images.shape[0], out_channels, height, width)
+
+
+class VSDWeight(LazyWeight):
+    r"""The value of a VSD weight site: :math:`W = \operatorname{diag}(\xi) \Theta` along ``noise_dim``.
+
+    :param theta: the deterministic weight :math:`\Theta` (PyTorch layout: ``(out, in)`` or
+        ``(C_out, C_in, k...)``).
+    :param noise: the distribution of :math:`\xi` (:class:`~pyro_whvi.distributions.StructuredDropoutNoise`).
+    :param noise_dim: the axis of ``theta`` that :math:`\xi` scales: ``1`` (the inputs of a linear layer,
+        as dropout) or ``0`` (the output channels of a convolution, §3.4).
+    :param xi: the site's own draw of :math:`\xi` times ``row_scale`` (default: drawn here).
+    :param row_scale: ``z`` of the hierarchical model (multiplies every draw), or ``None``.
+    :param local: whether ``F.linear``/``F.conv2d`` draw a fresh :math:`\xi` per example.
+
+    References:
+        VSD paper (Nguyen et al., NeurIPS 2021), §3.1, §3.4, App. B.
+    """
+
+    @staticmethod
+    def __new__(cls, theta, noise, noise_dim, xi=None, row_scale=None, local=True):
+        return LazyWeight._wrap(cls, theta.shape, theta)
+
+    def __init__(
+        self,
+        theta: Tensor,
+        noise: StructuredDropoutNoise,
+        noise_dim: int,
+        xi: Tensor | None = None,
+        row_scale: Tensor | None = None,
+        local: bool = True,
+    ):
+        self.theta, self.noise, self.noise_dim, self.row_scale = theta, noise, noise_dim, row_scale
+        self.xi = xi if xi is not None else self._draw(torch.Size())
+        self._init_lazy(local)
+
+    def _draw(self, sample_shape) -> Tensor:
+        xi = self.noise.rsample(sample_shape)
+        return xi if self.row_scale is None else xi * self.row_scale
+
+    def _broadcast(self, xi: Tensor) -> Tensor:
+        return xi.reshape(xi.shape + (1,) * (self.theta.dim() - 1 - self.noise_dim))
+
+    def dense_weight(self) -> Tensor:
+        return self._broadcast(self.xi) * self.theta
+
+    def __repr__(self, *, tensor_contents=None):
+        axis = "inputs" if self.noise_dim == 1 else "output channels"
+        return (
+            f"VSDWeight(shape={tuple(self.shape)}, noise on {axis} (K={self.xi.shape[-1]}), "
+            f"reflections={self.noise.vectors.shape[0]}, local_reparameterization={self.local})"
+        )
+
+    def local_linear(self, input):
+        if self.noise_dim != 1 or self.theta.dim() != 2:
+            return None
+        return F.linear(input * self._draw(input.shape[:-1]), self.theta)
+
+    def local_conv2d(self, images, stride, padding, dilation):
+        if self.noise_dim != 0:
+            return None
+        output = F.conv2d(images, self.theta, None, stride, padding, dilation)
+        return output * self._draw(images.shape[:1])[:, :, None, None]
+
+
 def _densify(tree):
-    if isinstance(tree, WHVIWeight):
+    if isinstance(tree, LazyWeight):
         return tree.dense()
     if isinstance(tree, (list, tuple)):
         return type(tree)(_densify(item) for item in tree)
@@ -135,23 +255,16 @@ def _densify(tree):
 
 
 def _fast_path(weight, x) -> bool:
-    return (
-        isinstance(weight, WHVIWeight)
-        and weight.local
-        and weight.distribution.layout.kind == "matrix"
-        and isinstance(x, Tensor)
-        and not isinstance(x, WHVIWeight)
-    )
+    return isinstance(weight, LazyWeight) and weight.local and isinstance(x, Tensor) and not isinstance(x, LazyWeight)
 
 
 def _linear(input, weight, bias=None):
     if not _fast_path(weight, input) or weight.dim() != 2 or input.dim() < 1:
         return None
-    distribution = weight.distribution
-    if input.shape[-1] != distribution.layout.in_features:
+    if input.shape[-1] != weight.shape[-1]:
         return None  # let F.linear raise its usual shape error on the dense weight
-    output = distribution.matvec(input)  # a fresh draw of g per row
-    if bias is not None:
+    output = weight.local_linear(input)
+    if output is not None and bias is not None:
         output = output + _densify(bias)
     return output
 
@@ -163,16 +276,9 @@ def _conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1)
         return None
     unbatched = input.dim() == 3
     images = input.unsqueeze(0) if unbatched else input
-    out_channels, _, kernel_h, kernel_w = weight.shape
-    pair = torch.nn.modules.utils._pair
-    stride, padding, dilation = pair(stride), pair(padding), pair(dilation)
-    patches = F.unfold(images, (kernel_h, kernel_w), dilation=dilation, padding=padding, stride=stride)
-    height = (images.shape[-2] + 2 * padding[0] - dilation[0] * (kernel_h - 1) - 1) // stride[0] + 1
-    width = (images.shape[-1] + 2 * padding[1] - dilation[1] * (kernel_w - 1) - 1) // stride[1] + 1
-    distribution = weight.distribution
-    g = distribution.g_dist.rsample(images.shape[:1]).unsqueeze(-3)  # one draw per image: (N, 1, K, D)
-    output = distribution.matvec(patches.mT, g)  # (N, L, C_out)
-    output = output.mT.reshape(images.shape[0], out_channels, height, width)
+    output = weight.local_conv2d(images, _pair(stride), _pair(padding), _pair(dilation))
+    if output is None:
+        return None
     if bias is not None:
         output = output + _densify(bias).reshape(-1, 1, 1)
     return output.squeeze(0) if unbatched else output

@@ -1,14 +1,15 @@
-"""The reparameterized model that :class:`~pyro_whvi.AutoWHVIGuide` exposes as ``guide.model``.
+"""The reparameterized model that the structured guides expose as ``guide.model``.
 
-It runs the user's model with every selected weight site replaced by WHVI's latent ``g`` and a lazy
-weight, and checks on every run that the model still has the sites the guide was built for.
+It runs the user's model with every selected weight site handed to the guide's
+``replace_model_site`` hook (WHVI: the latent ``g`` and a lazy weight; VSD: the empirical-Bayes
+prior), and checks on every run that the model still has the sites the guide was built for.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, cast
+from typing import Any, cast
 
 import torch
 from pyro import poutine
@@ -16,13 +17,7 @@ from pyro.distributions import TorchDistribution
 from pyro.infer.autoguide.initialization import InitMessenger
 from pyro.poutine.messenger import Messenger
 
-from ..distributions import WHVILayout
-from .reparam import check_whvi_site, g_site_name
-
-if TYPE_CHECKING:
-    from .autoguide import AutoWHVIGuide
-
-__all__ = ["ReparameterizedModel", "SiteFilter", "select_whvi_sites"]
+__all__ = ["ReparameterizedModel", "SiteFilter", "select_sites"]
 
 SiteFilter = str | Iterable[str] | Callable[[str], bool]
 
@@ -35,20 +30,9 @@ def _matches(site_filter: SiteFilter | None, name: str) -> bool:
     return name in set(site_filter)
 
 
-def _is_default_weight(fn) -> bool:
-    shape = fn.event_shape
-    return (
-        fn.batch_shape == torch.Size()
-        and len(shape) == 2
-        and shape[0] > 1
-        and shape[1] > 1
-        and not getattr(fn.support, "is_discrete", False)
-    )
-
-
-def _whvi_capable(name: str, fn) -> bool:
+def _capable(check_site: Callable, name: str, fn) -> bool:
     try:
-        check_whvi_site(name, fn)
+        check_site(name, fn)
     except ValueError:
         return False
     return True
@@ -62,7 +46,7 @@ def _latent_sites(trace) -> dict:
     }
 
 
-def select_whvi_sites(
+def select_sites(
     model: Callable,
     args: tuple,
     kwargs: dict,
@@ -70,12 +54,16 @@ def select_whvi_sites(
     expose: SiteFilter | None,
     hide: SiteFilter | None,
     last_mean_field: bool,
-) -> tuple[dict[str, torch.Size | None], dict[str, WHVILayout]]:
-    """Latent site shapes of ``model`` and the WHVI layout of each selected weight site.
+    check_site: Callable[[str, Any], Any],
+    is_default: Callable[[Any], bool],
+    guide_name: str,
+) -> tuple[dict[str, torch.Size | None], dict[str, Any]]:
+    """Sample-site shapes of ``model`` and ``check_site(name, prior)`` for each selected weight site.
 
-    ``expose="all"`` selects every real-valued latent site with at least two entries outside plates.
+    Without ``expose`` the sites whose prior passes ``is_default`` are selected; ``expose="all"``
+    selects every latent site that ``check_site`` accepts.
 
-    :raises ValueError: for an exposed site that does not exist or that WHVI cannot take.
+    :raises ValueError: for an exposed site that does not exist or that ``check_site`` rejects.
     """
     with poutine.block():
         trace = poutine.trace(model).get_trace(*args, **kwargs)
@@ -85,22 +73,21 @@ def select_whvi_sites(
     if isinstance(expose, str) and expose != "all":
         expose = [expose]
     if expose == "all":
-        expose = [name for name, site in sites.items() if _whvi_capable(name, site["fn"])]
+        expose = [name for name, site in sites.items() if _capable(check_site, name, site["fn"])]
     if expose is not None and not callable(expose):
         missing = sorted(set(expose) - set(sites))
         if missing:
             raise ValueError(
-                f"AutoWHVIGuide: expose names {missing}, which are not latent sites; sites: {sorted(sites)}."
+                f"{guide_name}: expose names {missing}, which are not latent sites; sites: {sorted(sites)}."
             )
     selected = [
         name
         for name, site in sites.items()
-        if (_matches(expose, name) if expose is not None else _is_default_weight(site["fn"]))
-        and not _matches(hide, name)
+        if (_matches(expose, name) if expose is not None else is_default(site["fn"])) and not _matches(hide, name)
     ]
     if last_mean_field and selected:
         selected = selected[:-1]
-    layouts = {name: check_whvi_site(name, sites[name]["fn"]) for name in selected}
+    layouts = {name: check_site(name, sites[name]["fn"]) for name in selected}
     # Every sample site counts (observed ones may be sampled later, e.g. by Predictive); shapes are
     # checked only for latent sites outside plates, which cannot change with the data size.
     shapes = {
@@ -111,59 +98,61 @@ def select_whvi_sites(
     return shapes, layouts
 
 
-class _WHVISites(Messenger):
-    def __init__(self, guide: AutoWHVIGuide):
+class _StructuredSites(Messenger):
+    def __init__(self, guide):
         super().__init__()
         self.guide = guide
-        self.g_sites = {g_site_name(name) for name in guide.whvi_layouts or {}}
+        self.auxiliary = guide.auxiliary_model_sites()
         self.visited: set[str] = set()
 
     def _pyro_sample(self, msg):
         name = msg["name"]
-        if type(msg["fn"]).__name__ == "_Subsample" or name in self.g_sites:
+        if type(msg["fn"]).__name__ == "_Subsample" or name in self.auxiliary:
             return
         guide = self.guide
+        guide_name = type(guide).__name__
         expected = guide.model_site_shapes
         if expected is not None and name not in expected:
             raise RuntimeError(
-                f"AutoWHVIGuide: the model has a latent site {name!r} that it did not have when the guide was set "
+                f"{guide_name}: the model has a latent site {name!r} that it did not have when the guide was set "
                 f"up (sites then: {sorted(expected)}). The guide belongs to a different model structure; build a new "
-                "AutoWHVIGuide for this model."
+                f"{guide_name} for this model."
             )
         if expected is not None and expected[name] is not None and msg["fn"].shape() != expected[name]:
             raise RuntimeError(
-                f"AutoWHVIGuide: site {name!r} now has shape {tuple(msg['fn'].shape())}, but the guide was set up "
-                f"for {tuple(expected[name])}; build a new AutoWHVIGuide for the changed model."
+                f"{guide_name}: site {name!r} now has shape {tuple(msg['fn'].shape())}, but the guide was set up "
+                f"for {tuple(expected[name])}; build a new {guide_name} for the changed model."
             )
-        if msg["is_observed"] or name not in (guide.whvi_layouts or {}):
+        if msg["is_observed"] or name not in (guide.structured_sites or {}):
             return
-        new_msg = guide.reparam.apply({"name": name, "fn": msg["fn"], "value": None, "is_observed": False})
-        msg["fn"], msg["value"], msg["is_observed"] = new_msg["fn"], new_msg["value"], new_msg["is_observed"]
+        guide.replace_model_site(msg)
         self.visited.add(name)
 
 
 class ReparameterizedModel:
-    """``guide.model``: the user's model with the guide's WHVI sites reparameterized.
+    """``guide.model``: the user's model with the guide's weight sites reparameterized.
 
-    Pyro's ``SVI``, ``Predictive`` and ELBOs take it in place of the original model.
+    Pyro's ``SVI``, ``Predictive`` and ELBOs take it in place of the original model. The guide
+    provides ``structured_sites``, ``select_sites``, ``auxiliary_model_sites`` and ``replace_model_site``.
     """
 
-    def __init__(self, model: Callable, guide: AutoWHVIGuide):
+    def __init__(self, model: Callable, guide):
         self.original_model = model
         self._guide = (guide,)  # a tuple, so that nn.Module does not register the guide twice
 
     def __call__(self, *args, **kwargs):
         guide = self._guide[0]
-        if guide.whvi_layouts is None:
+        if guide.structured_sites is None:
             guide.select_sites(self.original_model, *args, **kwargs)
-        sites = _WHVISites(guide)
+        sites = _StructuredSites(guide)
         with InitMessenger(guide.init_loc_fn) if guide._in_setup else contextlib.nullcontext(), sites:
             result = self.original_model(*args, **kwargs)
-        missing = sorted(set(guide.whvi_layouts or {}) - sites.visited)
+        missing = sorted(set(guide.structured_sites or {}) - sites.visited)
         if missing and guide.prototype_trace is not None:
+            name = type(guide).__name__
             raise RuntimeError(
-                f"AutoWHVIGuide: the model no longer samples the WHVI sites {missing}; the guide belongs to a "
-                "different model structure, build a new AutoWHVIGuide for this model."
+                f"{name}: the model no longer samples the weight sites {missing}; the guide belongs to a "
+                f"different model structure, build a new {name} for this model."
             )
         return result
 

@@ -1,0 +1,202 @@
+"""VSD vs MC dropout vs mean-field VI (AutoNormal) on scikit-learn's digits (VSD paper §4.1 set-up, small).
+
+Same network, data, optimizer and step budget for every method; each method's one hyperparameter
+(VSD and MFG: the KL weight, App. I.2; MC dropout: the rate) and the stopping step are chosen on the
+validation NLL of a held-out part of the training set, the same protocol and number of candidates
+for all. Test error, NLL and ECE from Monte-Carlo predictive samples, mean ± standard error over
+seeds (each seed: its own split and init).
+
+    python benchmarks/vsd_digits.py --models mlp,cnn --seeds 3
+
+Methods: ``vsd`` (AutoVSDGuide, T reflections), ``mcd`` (MC dropout: the same network with dropout,
+a point estimate under the prior as weight decay, Pyro's AutoDelta), ``mfg`` (AutoNormal).
+Writes ``vsd_digits_<models>.json`` / ``.md`` to ``--out`` (default ``benchmarks/results``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import pyro
+import torch
+from pyro.infer import SVI, Predictive, Trace_ELBO
+from pyro.infer.autoguide import AutoDelta, AutoNormal, init_to_sample
+from pyro.optim import PyroOptim
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _results import environment, save_figure
+from _selection import select_best, summarize, train_with_checkpoints
+
+from pyro_whvi import AutoVSDGuide, KLAnnealing
+from pyro_whvi.data import load_digits_split
+from pyro_whvi.metrics import categorical_nll, error_rate, expected_calibration_error, reliability_diagram
+from pyro_whvi.models import BayesianCNN, BayesianMLP
+
+METHODS = ("vsd", "mcd", "mfg")
+MODELS = ("mlp", "cnn")
+
+
+def make_model(kind: str, dropout: float):
+    if kind == "mlp":
+        return BayesianMLP([64, 100, 100, 10], likelihood="categorical", dropout=dropout)
+    if kind == "cnn":
+        return BayesianCNN(dropout=dropout)
+    raise ValueError(f"unknown model {kind!r}; choose from {MODELS}")
+
+
+def make_guide(method: str, model, args):
+    if method == "vsd":
+        return AutoVSDGuide(model, reflections=args.reflections, init_alpha=args.init_alpha)
+    if method == "mcd":
+        return AutoDelta(model, init_loc_fn=init_to_sample)
+    if method == "mfg":
+        return AutoNormal(model, init_loc_fn=init_to_sample, init_scale=0.01)
+    raise ValueError(f"unknown method {method!r}; choose from {METHODS}")
+
+
+def _logits(svi_model, guide, x, samples: int):
+    with torch.no_grad():
+        predictive = Predictive(svi_model, guide=guide, num_samples=samples, return_sites=["f"])
+        return predictive(x)["f"].reshape(samples, x.shape[0], -1)
+
+
+def fit_candidate(method: str, kind: str, setting: float, data, fit, val, seed: int, args):
+    """Train one candidate; the best validation NLL's state and step, the guide and model to restore it into."""
+    pyro.set_rng_seed(seed)
+    pyro.clear_param_store()
+    model = make_model(kind, setting if method == "mcd" else 0.0)
+    guide = make_guide(method, model, args)
+    svi_model = guide.model if method == "vsd" else model
+    annealing = KLAnnealing(args.kl_weight if method == "mcd" else setting)
+    svi = SVI(annealing(svi_model), annealing(guide), PyroOptim(torch.optim.Adam, {"lr": args.lr}), Trace_ELBO())
+    x_fit, y_fit = data.x_train[fit], data.y_train[fit]
+    num_fit = len(y_fit)
+
+    def step_fn(step: int):
+        batch = torch.randint(0, num_fit, (args.batch_size,))
+        return svi.step(x_fit[batch], y_fit[batch], num_data=num_fit)
+
+    def validate() -> float:
+        return -float(
+            categorical_nll(_logits(svi_model, guide, data.x_train[val], args.val_samples), data.y_train[val])
+        )
+
+    desc = f"{method}={setting}/{kind}/seed {seed}"
+    return train_with_checkpoints(step_fn, args.steps, args.eval_every, validate, desc), svi_model, guide
+
+
+def run(method: str, kind: str, seed: int, args) -> tuple[dict, tuple]:
+    """Select the method's hyperparameter and stopping step on validation NLL, then evaluate on the test set."""
+    data = load_digits_split(seed=seed, images=kind == "cnn")
+    order = torch.randperm(len(data.y_train), generator=torch.Generator().manual_seed(seed))
+    num_val = round(args.val_fraction * len(order))
+    val, fit = order[:num_val], order[num_val:]
+    settings = args.dropouts if method == "mcd" else args.kl_weights
+    start = time.perf_counter()
+    chosen = select_best(settings, lambda setting: fit_candidate(method, kind, setting, data, fit, val, seed, args))
+    seconds = time.perf_counter() - start
+    val_score, state, step, setting, svi_model, guide = chosen
+    pyro.get_param_store().set_state(state)
+    pyro.set_rng_seed(1000 + seed)
+    logits = _logits(svi_model, guide, data.x_test, args.samples)
+    row = {
+        "method": method,
+        "model": kind,
+        "seed": seed,
+        "setting": setting,
+        "best_step": step,
+        "val_nll": -val_score,
+        "error": float(error_rate(logits, data.y_test)),
+        "nll": float(categorical_nll(logits, data.y_test)),
+        "ece": float(expected_calibration_error(logits, data.y_test)),
+        "train_seconds": seconds,
+    }
+    return row, reliability_diagram(logits, data.y_test, num_bins=10)
+
+
+def plot_reliability(diagrams: dict, models: list[str], path: Path) -> bool:
+    """Accuracy against confidence per method (seed 0), one panel per network; the diagonal is calibration."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, axes = plt.subplots(1, len(models), figsize=(5 * len(models), 4.5), squeeze=False)
+    for ax, kind in zip(axes[0], models):
+        ax.plot([0, 1], [0, 1], color="grey", linestyle="--", label="calibrated")
+        for (method, model), (confidence, accuracy, count) in diagrams.items():
+            if model == kind:
+                keep = count > 0
+                ax.plot(confidence[keep], accuracy[keep], marker="o", label=method)
+        ax.set_xlabel("confidence")
+        ax.set_ylabel("accuracy")
+        ax.set_title(f"digits, {kind}: reliability (seed 0)")
+        ax.grid(True, alpha=0.3)
+        ax.legend()
+    return save_figure(fig, path)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default="mlp,cnn", help=f"comma separated, from {MODELS}")
+    parser.add_argument("--methods", default="vsd,mcd,mfg", help=f"comma separated, from {METHODS}")
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=2000, help="SVI steps per candidate (at most)")
+    parser.add_argument("--batch-size", type=int, default=100)
+    parser.add_argument("--lr", type=float, default=2e-3)
+    parser.add_argument("--kl-weights", default="0.003,0.01,0.03", help="candidate KL weights of VSD and MFG")
+    parser.add_argument("--kl-weight", type=float, default=0.01, help="KL weight of MC dropout's prior (weight decay)")
+    parser.add_argument("--dropouts", default="0.1,0.2,0.3", help="candidate MC dropout rates")
+    parser.add_argument("--val-fraction", type=float, default=0.2, help="part of the training set for selection")
+    parser.add_argument("--eval-every", type=int, default=500, help="validation checks (early stopping)")
+    parser.add_argument("--val-samples", type=int, default=30)
+    parser.add_argument("--reflections", type=int, default=2, help="VSD's T")
+    parser.add_argument("--init-alpha", type=float, default=0.25, help="VSD's initial alpha")
+    parser.add_argument("--samples", type=int, default=100, help="Monte-Carlo samples at test time (paper: 100)")
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    args = parser.parse_args(argv)
+    args.kl_weights = [float(v) for v in args.kl_weights.split(",")]
+    args.dropouts = [float(v) for v in args.dropouts.split(",")]
+    methods = [m for m in args.methods.split(",") if m]
+    models = [m for m in args.models.split(",") if m]
+    rows, diagrams = [], {}
+    for kind in models:
+        for method in methods:
+            for seed in range(args.seeds):
+                row, diagram = run(method, kind, seed, args)
+                rows.append(row)
+                if seed == 0:
+                    diagrams[(method, kind)] = diagram
+    summary = summarize(rows, ("model", "method"), ("error", "nll", "ece", "train_seconds"))
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = "vsd_digits_" + "-".join(models)
+    config = {k: str(v) for k, v in vars(args).items()}
+    record = {"config": config, "environment": environment(), "rows": rows, "summary": summary}
+    (args.out / f"{stem}.json").write_text(json.dumps(record, indent=2))
+    lines = [
+        f"# digits: {args.seeds} seeds; up to {args.steps} SVI steps of {args.batch_size}; VSD/MFG KL weight from "
+        f"{args.kl_weights}, MC dropout rate from {args.dropouts}, and the stopping step, chosen on validation NLL "
+        f"({args.val_fraction:.0%} of the training set); {args.samples} test samples",
+        "",
+        "| model | method | test error | test NLL | ECE | train s |",
+        "|---|---|---|---|---|---|",
+    ]
+    for e in summary:
+        lines.append(
+            f"| {e['model']} | {e['method']} | {e['error']:.4f} ± {e['error_se']:.4f} | {e['nll']:.4f} ± "
+            f"{e['nll_se']:.4f} | {e['ece']:.4f} ± {e['ece_se']:.4f} | {e['train_seconds']:.1f} |"
+        )
+    (args.out / f"{stem}.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    plotted = plot_reliability(diagrams, models, args.out / f"{stem}.png")
+    print(f"\nsaved {args.out / stem}.{{json,md}}" + (" and .png" if plotted else " (no matplotlib: no plot)"))
+
+
+if __name__ == "__main__":
+    main()

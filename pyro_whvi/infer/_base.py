@@ -1,0 +1,138 @@
+"""The base of the structured guides: set-up through ``guide.model``, and the mean-field Normal they
+give every site they do not take.
+
+The mean-field part is as :class:`~pyro.infer.autoguide.AutoNormal`: a Normal in unconstrained
+space per latent site, plates and subsampling included, with the scale initialized relative to the
+prior's. A subclass implements the hooks :class:`~pyro_whvi.infer.ReparameterizedModel` calls
+(``select_sites``, ``structured_sites``, ``auxiliary_model_sites``, ``replace_model_site``) and
+``_init_structured_parameters``.
+"""
+
+from __future__ import annotations
+
+from contextlib import ExitStack
+
+import pyro
+import pyro.distributions as dist
+import torch
+from pyro import poutine
+from pyro.distributions import constraints
+from pyro.distributions.util import sum_rightmost
+from pyro.infer.autoguide import AutoGuide
+from pyro.infer.autoguide.utils import deep_setattr, helpful_support_errors
+from pyro.nn import PyroModule, PyroParam
+from pyro.ops.tensor_utils import periodic_repeat
+from torch.distributions import biject_to
+
+from ._guide_utils import deep_getattr, normal_quantiles, prior_stddev
+from .model import SiteFilter, select_sites
+
+__all__ = ["StructuredAutoGuide"]
+
+
+class StructuredAutoGuide(AutoGuide):
+    """``AutoGuide`` over ``guide.model``; ``self.locs``/``self.scales`` hold a mean-field Normal per other site."""
+
+    scale_constraint = constraints.softplus_positive
+    locs: PyroModule
+    scales: PyroModule
+    _init_scale: float
+    _in_setup: bool
+    _expose: SiteFilter | None
+    _hide: SiteFilter | None
+    model_site_shapes: dict | None
+
+    @property
+    def structured_sites(self) -> dict | None:
+        raise NotImplementedError
+
+    def _selected_sites(self) -> dict:
+        """The structured sites, or a clear error before the first call chose them."""
+        sites = self.structured_sites
+        if sites is None:
+            raise RuntimeError(
+                f"{type(self).__name__}: the weight sites are chosen on the first call of the guide or guide.model."
+            )
+        return sites
+
+    def _trace_and_select(self, original_model, args, kwargs, *, check_site, is_default, last_mean_field=False):
+        """Trace the user's model once: record its sample-site shapes, return the selected weight sites."""
+        self.model_site_shapes, sites = select_sites(
+            original_model,
+            args,
+            kwargs,
+            expose=self._expose,
+            hide=self._hide,
+            last_mean_field=last_mean_field,
+            check_site=check_site,
+            is_default=is_default,
+            guide_name=type(self).__name__,
+        )
+        return sites
+
+    def _sample_structured(self, name: str, sampled: dict) -> torch.Tensor | None:
+        """Sample site ``name`` if the guide structures it (``sampled``: the values so far), else ``None``."""
+        raise NotImplementedError
+
+    def forward(self, *args, **kwargs):
+        """Sample every latent site of ``guide.model``; returns ``{site: value}``."""
+        if self.prototype_trace is None:
+            self._setup_prototype(*args, **kwargs)
+        plates = self._create_plates(*args, **kwargs)
+        result: dict = {}
+        for name, site in self.prototype_trace.iter_stochastic_nodes():
+            value = self._sample_structured(name, result)
+            result[name] = value if value is not None else self._sample_mean_field(name, site, plates)
+        return result
+
+    def _init_structured_parameters(self) -> None:
+        """Create the parameters of every site (structured and mean-field) from ``self.prototype_trace``."""
+        raise NotImplementedError
+
+    def _setup_prototype(self, *args, **kwargs):
+        self._in_setup = True  # guide.model applies init_loc_fn while the prototype is traced
+        try:
+            super()._setup_prototype(*args, **kwargs)
+        finally:
+            self._in_setup = False
+        self._event_dims: dict[str, int] = {}
+        self.locs = PyroModule()
+        self.scales = PyroModule()
+        self._init_structured_parameters()
+
+    def _init_mean_field(self, name: str, site: dict) -> None:
+        with helpful_support_errors(site):
+            init_loc = biject_to(site["fn"].support).inv(site["value"].detach()).detach()
+        event_dim = site["fn"].event_dim + init_loc.dim() - site["value"].dim()
+        self._event_dims[name] = event_dim
+        for frame in site["cond_indep_stack"]:
+            full_size = frame.full_size or frame.size
+            if full_size != frame.size:
+                init_loc = periodic_repeat(init_loc, full_size, frame.dim - event_dim).contiguous()
+        deep_setattr(self.locs, name, PyroParam(init_loc, constraints.real, event_dim))
+        init_scale = torch.full_like(init_loc, self._init_scale) * prior_stddev(site["fn"], init_loc)
+        deep_setattr(self.scales, name, PyroParam(init_scale, self.scale_constraint, event_dim))
+
+    def _sample_mean_field(self, name: str, site: dict, plates: dict) -> torch.Tensor:
+        transform = biject_to(site["fn"].support)
+        with ExitStack() as stack:
+            for frame in site["cond_indep_stack"]:
+                if frame.vectorized:
+                    stack.enter_context(plates[frame.name])
+            loc, scale = deep_getattr(self.locs, name), deep_getattr(self.scales, name)
+            unconstrained = pyro.sample(
+                name + "_unconstrained",
+                dist.Normal(loc, scale).to_event(self._event_dims[name]),
+                infer={"is_auxiliary": True},
+            )
+            value = transform(unconstrained)
+            if poutine.get_mask() is False:
+                log_density = 0.0
+            else:
+                log_density = transform.inv.log_abs_det_jacobian(value, unconstrained)
+                log_density = sum_rightmost(log_density, log_density.dim() - value.dim() + site["fn"].event_dim)
+            return pyro.sample(name, dist.Delta(value, log_density=log_density, event_dim=site["fn"].event_dim))
+
+    def _mean_field_quantiles(self, name: str, site: dict, levels: torch.Tensor) -> torch.Tensor:
+        loc, scale = deep_getattr(self.locs, name), deep_getattr(self.scales, name)
+        return biject_to(site["fn"].support)(normal_quantiles(loc, scale, levels))

@@ -1,0 +1,76 @@
+r"""Predictive metrics as plain functions of Monte-Carlo predictive samples.
+
+Shape letters: ``S`` posterior samples, ``N`` test points, ``C`` classes.
+Regression metrics (:func:`~pyro_whvi.data.rmse`, :func:`~pyro_whvi.data.gaussian_mnll`) live with the UCI loader.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "categorical_nll",
+    "error_rate",
+    "expected_calibration_error",
+    "predictive_entropy",
+    "predictive_probs",
+    "reliability_diagram",
+]
+
+
+def _check(logits: Tensor, labels: Tensor) -> None:
+    if logits.dim() != 3 or labels.shape != logits.shape[1:2]:
+        raise ValueError(
+            f"logits must be (S, N, C) Monte-Carlo samples and labels (N,); got {tuple(logits.shape)} and "
+            f"{tuple(labels.shape)}."
+        )
+
+
+def predictive_probs(logits: Tensor) -> Tensor:
+    """The predictive class probabilities ``(N, C)``: the mean over samples of ``softmax(logits)``, ``(S, N, C)``."""
+    return logits.softmax(-1).mean(0)
+
+
+def categorical_nll(logits: Tensor, labels: Tensor) -> Tensor:
+    r"""Mean test negative log predictive probability, :math:`-\frac1N \sum_n \log \frac1S \sum_s p(y_n \mid f_s)`."""
+    _check(logits, labels)
+    log_probs = logits.log_softmax(-1).gather(-1, labels.reshape(1, -1, 1).expand(logits.shape[0], -1, 1))[..., 0]
+    return -(torch.logsumexp(log_probs, 0) - math.log(logits.shape[0])).mean()
+
+
+def error_rate(logits: Tensor, labels: Tensor) -> Tensor:
+    """Fraction of test points whose most probable class under the predictive is wrong."""
+    _check(logits, labels)
+    return (predictive_probs(logits).argmax(-1) != labels).to(logits.dtype).mean()
+
+
+def reliability_diagram(logits: Tensor, labels: Tensor, num_bins: int = 15) -> tuple[Tensor, Tensor, Tensor]:
+    """Per confidence bin (``num_bins`` equal widths on ``[0, 1]``): mean confidence, accuracy, and count.
+
+    Empty bins have confidence and accuracy ``nan`` and count 0.
+    """
+    _check(logits, labels)
+    probs = predictive_probs(logits)
+    confidence, predicted = probs.max(-1)
+    correct = (predicted == labels).to(probs.dtype)
+    bins = torch.clamp((confidence * num_bins).long(), max=num_bins - 1)
+    count = torch.bincount(bins, minlength=num_bins).to(probs.dtype)
+    mean_confidence = torch.bincount(bins, weights=confidence, minlength=num_bins) / count
+    accuracy = torch.bincount(bins, weights=correct, minlength=num_bins) / count
+    return mean_confidence, accuracy, count
+
+
+def expected_calibration_error(logits: Tensor, labels: Tensor, num_bins: int = 15) -> Tensor:
+    """ECE (Naeini et al., 2015): confidence-binned mean ``|accuracy - confidence|``, weighted by bin size."""
+    confidence, accuracy, count = reliability_diagram(logits, labels, num_bins)
+    gaps = torch.where(count > 0, (accuracy - confidence).abs(), torch.zeros_like(count))
+    return (count * gaps).sum() / count.sum()
+
+
+def predictive_entropy(logits: Tensor) -> Tensor:
+    """Entropy of the predictive distribution per test point, ``(N,)``."""
+    probs = predictive_probs(logits)
+    return -(probs * probs.clamp_min(1e-30).log()).sum(-1)

@@ -1,0 +1,182 @@
+"""AutoVSDGuide with Pyro's own machinery: both ELBOs, the KL term each sees, Predictive, summaries,
+state_dict round trips, conv layers, KL annealing, and the errors users hit."""
+
+from __future__ import annotations
+
+import io
+
+import pyro
+import pyro.distributions as dist
+import pytest
+import torch
+from pyro import poutine
+from pyro.infer import SVI, Predictive, Trace_ELBO, TraceMeanField_ELBO
+from pyro.infer.autoguide import AutoNormal
+
+from pyro_whvi import AutoVSDGuide, AutoWHVIGuide, KLAnnealing
+from pyro_whvi.infer import VSDWeight, local_reparameterization
+from pyro_whvi.models import BayesianCNN, BayesianMLP
+
+from .helpers import regression_data
+
+GUIDES = {
+    "T0": {"reflections": 0},
+    "T1": {"reflections": 1},
+    "T2": {"reflections": 2},
+    "lowrank": {"reflections": 3, "hidden_rank": 2},
+    "hierarchical": {"reflections": 2, "hierarchical": True},
+    "hierarchical-gamma": {"reflections": 1, "hierarchical": True, "z_prior": ("gamma", 2.0, 2.0)},
+}
+
+
+@pytest.fixture(params=list(GUIDES), ids=list(GUIDES))
+def guide_kwargs(request):
+    return GUIDES[request.param]
+
+
+def _train(model, guide, x, y, steps=30, loss=None):
+    svi = SVI(model, guide, pyro.optim.Adam({"lr": 0.01}), loss or Trace_ELBO())
+    return [svi.step(x, y) for _ in range(steps)]
+
+
+@pytest.mark.parametrize("loss", [Trace_ELBO(), TraceMeanField_ELBO()], ids=["trace", "meanfield"])
+def test_trains_with_both_elbos(guide_kwargs, loss):
+    x, y = regression_data()
+    guide = AutoVSDGuide(BayesianMLP([5, 16, 16, 1]), **guide_kwargs)
+    losses = _train(guide.model, guide, x, y, steps=60, loss=loss)
+    assert all(torch.isfinite(torch.tensor(losses)))
+    assert sum(losses[-10:]) < sum(losses[:10])
+    assert sorted(guide.vsd_sites) == ["layers.0.weight", "layers.1.weight", "layers.2.weight"]
+    names = {name.removeprefix("AutoVSDGuide.") for name in pyro.get_param_store().keys()}
+    assert {"vsd_theta.layers.0.weight", "vsd_alpha.layers.0.weight", "locs.layers.0.bias"} <= names
+    assert "vsd_householder.layers.1.weight.first" in names
+    # alpha is optimized in log space (Pyro's positive constraint is an exp transform), unclipped.
+    alpha = pyro.get_param_store()["AutoVSDGuide.vsd_alpha.layers.1.weight"]
+    assert torch.allclose(alpha.unconstrained(), alpha.log())
+    assert ("vsd_householder.layers.1.weight.steps.0.weight" in names) == (guide_kwargs["reflections"] == 2)
+    if guide_kwargs.get("hierarchical"):
+        assert {"vsd_z_loc.layers.1.weight", "vsd_z_scale.layers.1.weight"} <= names
+
+
+def test_elbo_terms_are_the_empirical_bayes_kl(guide_kwargs):
+    x, y = regression_data()
+    guide = AutoVSDGuide(BayesianMLP([5, 8, 1]), **guide_kwargs)
+    guide(x, y)
+    guide_trace = poutine.trace(guide).get_trace(x, y)
+    model_trace = poutine.trace(poutine.replay(guide.model, trace=guide_trace)).get_trace(x, y)
+    guide_trace.compute_log_prob()
+    model_trace.compute_log_prob()
+    for name in guide.vsd_sites:
+        assert isinstance(guide_trace.nodes[name]["value"], VSDWeight)
+        assert torch.allclose(guide_trace.nodes[name]["log_prob_sum"], guide.kl(name))
+        assert float(model_trace.nodes[name]["log_prob_sum"]) == 0.0
+        q, p = guide_trace.nodes[name]["fn"], model_trace.nodes[name]["fn"]
+        assert torch.allclose(torch.distributions.kl_divergence(q, p), guide.kl(name))
+        if guide.hierarchical:
+            z_name = f"{name}_vsd_z"
+            assert z_name in model_trace.nodes and z_name in guide_trace.nodes
+
+
+def test_kl_annealing_scales_exactly_the_kl_part():
+    x, y = regression_data()
+    for make in (lambda m: AutoVSDGuide(m, reflections=2), lambda m: AutoNormal(m), lambda m: AutoWHVIGuide(m)):
+        pyro.clear_param_store()
+        guide = make(BayesianMLP([5, 8, 8, 1]))
+        model = getattr(guide, "model", None)
+        model = model if callable(model) and not isinstance(guide, AutoNormal) else guide.model
+        guide(x, y)
+        losses = {}
+        for factor in (0.0, 0.5, 1.0):
+            annealing = KLAnnealing(factor)
+            pyro.set_rng_seed(3)
+            losses[factor] = TraceMeanField_ELBO().loss(annealing(model), annealing(guide), x, y)
+        assert losses[1.0] != pytest.approx(losses[0.0])
+        assert losses[0.5] == pytest.approx(losses[0.0] + 0.5 * (losses[1.0] - losses[0.0]), rel=1e-9)
+    with pytest.raises(ValueError, match="factor"):
+        KLAnnealing(-0.1)
+
+
+def test_predictive_summaries_and_state_dict_round_trip():
+    x, y = regression_data()
+    guide = AutoVSDGuide(BayesianMLP([5, 8, 8, 1]), reflections=2)
+    _train(guide.model, guide, x, y, steps=5)
+    samples = Predictive(guide.model, guide=guide, num_samples=4, return_sites=["obs", "layers.1.weight"])(x)
+    # Predictive(parallel=False) keeps one leading dim per plate of the model (here "data") for global sites.
+    assert samples["obs"].shape == (4, 32) and samples["layers.1.weight"].shape == (4, 1, 8, 8)
+    assert not isinstance(samples["layers.1.weight"], VSDWeight) and samples["layers.1.weight"].std(0).min() > 0
+    quantiles = guide.quantiles([0.1, 0.5, 0.9])
+    theta = guide.median()["layers.1.weight"]
+    assert torch.allclose(theta, guide.vsd_theta.layers._modules["1"].weight)
+    assert (quantiles["layers.1.weight"][0] <= quantiles["layers.1.weight"][2]).all()
+    buffer = io.BytesIO()
+    torch.save(guide.state_dict(), buffer)
+    pyro.clear_param_store()
+    restored = AutoVSDGuide(BayesianMLP([5, 8, 8, 1]), reflections=2)
+    restored(x, y)
+    buffer.seek(0)
+    restored.load_state_dict(torch.load(buffer))
+    for name in guide.vsd_sites:
+        assert torch.allclose(restored.kl(name), guide.kl(name))
+    with pytest.raises(ValueError, match="parallel=False"):
+        Predictive(guide.model, guide=guide, num_samples=2, parallel=True)(x)
+
+
+def test_cnn_sites_use_output_channel_noise_and_train():
+    images, labels = torch.rand(16, 1, 8, 8), torch.randint(0, 10, (16,))
+    guide = AutoVSDGuide(BayesianCNN(channels=(4, 6), hidden=12), reflections=1)
+    losses = _train(guide.model, guide, images, labels, steps=20)
+    assert all(torch.isfinite(torch.tensor(losses)))
+    conv, fc = guide.vsd_sites["conv1.weight"], guide.vsd_sites["fc1.weight"]
+    assert (conv.noise_dim, conv.num_noise, conv.num_columns) == (0, 4, 9)
+    assert (fc.noise_dim, fc.num_noise, fc.num_columns) == (1, 24, 12)
+
+
+def test_local_noise_differs_per_example_unless_switched_off():
+    guide = AutoVSDGuide(BayesianMLP([5, 8, 1]), reflections=1)
+    x = torch.randn(1, 5).expand(4, 5)
+    guide(x)
+    f = poutine.replay(guide.model, trace=poutine.trace(guide).get_trace(x))(x)
+    assert f.std() > 0
+    with local_reparameterization(False):
+        f = poutine.replay(guide.model, trace=poutine.trace(guide).get_trace(x))(x)
+    assert torch.allclose(f, f[:1].expand_as(f))
+
+
+def test_default_selection_skips_single_input_weights():
+    guide = AutoVSDGuide(BayesianMLP([1, 8, 1]))
+    guide(torch.randn(4, 1))
+    assert sorted(guide.vsd_sites) == ["layers.1.weight"]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"init_alpha": 0.0}, "init_alpha must be > 0"),
+        ({"init_alpha": -1.0}, "init_alpha must be > 0"),
+        ({"reflections": -1}, "reflections"),
+        ({"hidden_rank": 0}, "hidden_rank"),
+        ({"z_prior": ("cauchy", 1.0, 1.0)}, "z_prior"),
+    ],
+)
+def test_bad_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        AutoVSDGuide(BayesianMLP([5, 8, 1]), **kwargs)
+
+
+def test_bad_sites():
+    x = torch.randn(4, 5)
+    with pytest.raises(ValueError, match="hidden_rank=6 exceeds K=5"):
+        AutoVSDGuide(BayesianMLP([5, 8, 1]), reflections=2, hidden_rank=6)(x)
+    with pytest.raises(ValueError, match=r"layers\.0\.bias"):
+        AutoVSDGuide(BayesianMLP([5, 8, 1]), expose=["layers.0.bias"])(x)
+    with pytest.raises(ValueError, match="not latent sites"):
+        AutoVSDGuide(BayesianMLP([5, 8, 1]), expose=["nope"])(x)
+
+    def discrete_model():
+        pyro.sample("counts", dist.Poisson(torch.ones(3, 4)).to_event(2))
+
+    with pytest.raises(ValueError, match="discrete"):
+        AutoVSDGuide(discrete_model, expose="counts")()
+    guide = AutoVSDGuide(BayesianMLP([5, 8, 1]))
+    with pytest.raises(RuntimeError, match="call the guide once"):
+        guide.noise_distribution("layers.1.weight")
