@@ -157,7 +157,7 @@ def main(argv=None) -> None:
     parser.add_argument("--eval-every", type=int, default=500, help="validation checks (early stopping)")
     parser.add_argument("--val-samples", type=int, default=30)
     parser.add_argument("--reflections", type=int, default=2, help="VSD's T")
-    parser.add_argument("--init-alpha", type=float, default=0.25, help="VSD's initial alpha")
+    parser.add_argument("--init-alpha", type=float, default=0.05, help="VSD's initial alpha (p / (1 - p))")
     parser.add_argument("--samples", type=int, default=100, help="Monte-Carlo samples at test time (paper: 100)")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = parser.parse_args(argv)

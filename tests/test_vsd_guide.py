@@ -10,10 +10,11 @@ import pyro.distributions as dist
 import pytest
 import torch
 from pyro import poutine
-from pyro.infer import SVI, Predictive, Trace_ELBO, TraceMeanField_ELBO
+from pyro.infer import SVI, Predictive, Trace_ELBO, TraceGraph_ELBO, TraceMeanField_ELBO
 from pyro.infer.autoguide import AutoNormal
 
 from pyro_whvi import AutoVSDGuide, AutoWHVIGuide, KLAnnealing
+from pyro_whvi.distributions import StructuredDropoutNoise
 from pyro_whvi.infer import VSDWeight, local_reparameterization
 from pyro_whvi.models import BayesianCNN, BayesianMLP
 
@@ -49,7 +50,7 @@ def test_trains_with_both_elbos(guide_kwargs, loss):
     assert sorted(guide.vsd_sites) == ["layers.0.weight", "layers.1.weight", "layers.2.weight"]
     names = {name.removeprefix("AutoVSDGuide.") for name in pyro.get_param_store().keys()}
     assert {"vsd_theta.layers.0.weight", "vsd_alpha.layers.0.weight", "locs.layers.0.bias"} <= names
-    assert "vsd_householder.layers.1.weight.first" in names
+    assert ("vsd_householder.layers.1.weight.first" in names) == (guide_kwargs["reflections"] >= 1)
     # alpha is optimized in log space (Pyro's positive constraint is an exp transform), unclipped.
     alpha = pyro.get_param_store()["AutoVSDGuide.vsd_alpha.layers.1.weight"]
     assert torch.allclose(alpha.unconstrained(), alpha.log())
@@ -75,6 +76,35 @@ def test_elbo_terms_are_the_empirical_bayes_kl(guide_kwargs):
         if guide.hierarchical:
             z_name = f"{name}_vsd_z"
             assert z_name in model_trace.nodes and z_name in guide_trace.nodes
+
+
+def test_all_elbos_agree_and_the_original_model_is_refused():
+    x, y = regression_data()
+    guide = AutoVSDGuide(BayesianMLP([5, 8, 1]), reflections=2)
+    guide(x, y)
+    losses = []
+    for elbo in (Trace_ELBO(), TraceGraph_ELBO(), TraceMeanField_ELBO()):
+        pyro.set_rng_seed(4)
+        losses.append(elbo.loss(guide.model, guide, x, y))
+    # No latent outside the VSD sites is sampled differently: biases are Normal-Normal, so only the
+    # mean-field ELBO's analytic bias KL differs from the Monte-Carlo one; the first two agree exactly.
+    assert losses[0] == pytest.approx(losses[1], rel=1e-12)
+    with pytest.raises(ValueError, match=r"guide\.model"):
+        TraceMeanField_ELBO().loss(guide.model.original_model, guide, x, y)
+
+
+def test_conv1d_conv3d_and_string_padding_draw_noise_per_example():
+    torch.manual_seed(0)
+    for conv, shape in ((torch.nn.functional.conv1d, (3, 2, 3)), (torch.nn.functional.conv3d, (3, 2, 3, 3, 3))):
+        theta = torch.randn(shape)
+        weight = VSDWeight(theta, StructuredDropoutNoise(torch.full((3,), 0.5), torch.randn(1, 3)), noise_dim=0)
+        image = torch.randn((1, 2) + (5,) * (len(shape) - 2)).expand((6, 2) + (5,) * (len(shape) - 2))
+        out = conv(image, weight, torch.ones(3), padding="same")
+        clean = conv(image[:1], theta, None, padding="same")
+        assert out.shape == clean.expand_as(out).shape
+        ratios = ((out - 1) / clean).flatten(2)  # (N, C, pixels): one xi per image and channel
+        assert torch.allclose(ratios, ratios[..., :1].expand_as(ratios), atol=1e-8)
+        assert ratios[:, :, 0].std(0).min() > 0
 
 
 def test_kl_annealing_scales_exactly_the_kl_part():
@@ -146,6 +176,20 @@ def test_default_selection_skips_single_input_weights():
     guide = AutoVSDGuide(BayesianMLP([1, 8, 1]))
     guide(torch.randn(4, 1))
     assert sorted(guide.vsd_sites) == ["layers.1.weight"]
+    # hidden_rank only matters between reflections (T >= 2); T = 0 has no Householder parameters.
+    AutoVSDGuide(BayesianMLP([1, 8, 1]), expose="all", reflections=1, hidden_rank=2)(torch.randn(4, 1))
+    pyro.clear_param_store()
+    flat = AutoVSDGuide(BayesianMLP([3, 8, 1]), reflections=0)
+    flat(torch.randn(4, 3))
+    assert not any("vsd_householder" in name for name in pyro.get_param_store().keys())
+
+
+def test_no_selected_site_warns():
+    def batched_prior_model():
+        pyro.sample("w", dist.Normal(torch.zeros(3, 4), 1.0))  # batch shape, not one event
+
+    with pytest.warns(UserWarning, match="no weight site was selected"):
+        AutoVSDGuide(batched_prior_model)()
 
 
 @pytest.mark.parametrize(

@@ -10,6 +10,7 @@ prior's. A subclass implements the hooks :class:`~pyro_whvi.infer.Reparameterize
 
 from __future__ import annotations
 
+import warnings
 from contextlib import ExitStack
 
 import pyro
@@ -68,6 +69,14 @@ class StructuredAutoGuide(AutoGuide):
             is_default=is_default,
             guide_name=type(self).__name__,
         )
+        if not sites:
+            warnings.warn(
+                f"{type(self).__name__}: no weight site was selected (every latent site gets a mean-field Normal). "
+                "Weights need a real prior with the whole matrix as one event, e.g. "
+                "dist.Normal(0., 1.).expand([out, in]).to_event(2), or name them with expose=.",
+                UserWarning,
+                stacklevel=3,
+            )
         return sites
 
     def _sample_structured(self, name: str, sampled: dict) -> torch.Tensor | None:

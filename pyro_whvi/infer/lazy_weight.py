@@ -1,7 +1,7 @@
 r"""Weight values that are never formed unless something needs it (local reparameterization).
 
 :class:`LazyWeight` is the base: a tensor subclass with a shape and no storage, whose
-``F.linear``/``F.conv2d`` go through :meth:`LazyWeight.local_linear` / :meth:`LazyWeight.local_conv2d`
+``F.linear``/``F.conv*d`` go through :meth:`LazyWeight.local_linear` / :meth:`LazyWeight.local_conv`
 (one noise draw per example) and every other use through :meth:`LazyWeight.dense_weight`.
 
 WHVI: the reparameterized model hands layers a :class:`WHVIWeight` instead of a dense tensor. Passed to
@@ -17,7 +17,8 @@ drops. Switch it off to draw coherent functions (e.g. to plot sampled curves):
 
 VSD: :class:`VSDWeight` is ``diag(xi) Theta`` (noise on the inputs of a linear layer, on the output
 channels of a convolution); ``F.linear`` multiplies the inputs by a fresh ``xi`` per example,
-``F.conv2d`` the output channels (VSD paper §3.4, App. B): dropout-style, the noisy weight is never formed.
+``F.conv1d``/``conv2d``/``conv3d`` the output channels (VSD paper §3.4, App. B): dropout-style, the
+noisy weight is never formed.
 """
 
 from __future__ import annotations
@@ -75,8 +76,8 @@ class LazyWeight(Tensor):
     """Base of the lazy weights: a shape and no storage, and three hooks for subclasses.
 
     * :meth:`dense_weight` (required): the weight of the site's own draw, formed on demand.
-    * :meth:`local_linear`, :meth:`local_conv2d`: ``F.linear``/``F.conv2d`` with one draw per
-      example; return ``None`` to fall back to the dense weight.
+    * :meth:`local_linear`, :meth:`local_conv`: ``F.linear`` / ``F.conv1d``/``conv2d``/``conv3d``
+      (batched input, no bias) with one draw per example; return ``None`` to fall back to the dense weight.
 
     ``local`` switches the fast paths on or off (off: every op sees the site's draw).
     """
@@ -97,7 +98,7 @@ class LazyWeight(Tensor):
     def local_linear(self, input: Tensor) -> Tensor | None:
         return None
 
-    def local_conv2d(self, images: Tensor, stride, padding, dilation) -> Tensor | None:
+    def local_conv(self, conv, images: Tensor, stride, padding, dilation, groups) -> Tensor | None:
         return None
 
     def dense(self) -> Tensor:
@@ -117,8 +118,8 @@ class LazyWeight(Tensor):
             result = _linear(*args, **kwargs)
             if result is not None:
                 return result
-        elif func is F.conv2d:
-            result = _conv2d(*args, **kwargs)
+        elif func in _CONVS:
+            result = _conv(func, *args, **kwargs)
             if result is not None:
                 return result
         return func(*_densify(args), **_densify(kwargs))
@@ -169,10 +170,11 @@ class WHVIWeight(LazyWeight):
             return None
         return self.distribution.matvec(input)  # a fresh draw of g per row
 
-    def local_conv2d(self, images, stride, padding, dilation):
+    def local_conv(self, conv, images, stride, padding, dilation, groups):
         distribution = self.distribution
-        if distribution.layout.kind != "matrix":
+        if conv is not F.conv2d or groups != 1 or isinstance(padding, str) or distribution.layout.kind != "matrix":
             return None
+        stride, padding, dilation = _pair(stride), _pair(padding), _pair(dilation)
         out_channels, _, kernel_h, kernel_w = self.shape
         patches = F.unfold(images, (kernel_h, kernel_w), dilation=dilation, padding=padding, stride=stride)
         height = (images.shape[-2] + 2 * padding[0] - dilation[0] * (kernel_h - 1) - 1) // stride[0] + 1
@@ -237,11 +239,12 @@ class VSDWeight(LazyWeight):
             return None
         return F.linear(input * self._draw(input.shape[:-1]), self.theta)
 
-    def local_conv2d(self, images, stride, padding, dilation):
+    def local_conv(self, conv, images, stride, padding, dilation, groups):
         if self.noise_dim != 0:
             return None
-        output = F.conv2d(images, self.theta, None, stride, padding, dilation)
-        return output * self._draw(images.shape[:1])[:, :, None, None]
+        output = conv(images, self.theta, None, stride, padding, dilation, groups)
+        xi = self._draw(images.shape[:1])  # one draw per image, scaling its output channels (§3.4)
+        return output * xi.reshape(xi.shape + (1,) * (output.dim() - 2))
 
 
 def _densify(tree):
@@ -269,16 +272,22 @@ def _linear(input, weight, bias=None):
     return output
 
 
-def _conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
-    if not _fast_path(weight, input) or groups != 1 or isinstance(padding, str) or weight.dim() != 4:
+_CONVS = (F.conv1d, F.conv2d, F.conv3d)
+
+
+def _conv(conv, input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    if not _fast_path(weight, input) or weight.dim() != _CONVS.index(conv) + 3:
         return None
-    if input.dim() not in (3, 4) or input.shape[-3] != weight.shape[1]:
-        return None
-    unbatched = input.dim() == 3
+    if (
+        input.dim() not in (weight.dim() - 1, weight.dim())
+        or input.shape[-weight.dim() + 1] != weight.shape[1] * groups
+    ):
+        return None  # let the convolution raise its usual error on the dense weight
+    unbatched = input.dim() == weight.dim() - 1
     images = input.unsqueeze(0) if unbatched else input
-    output = weight.local_conv2d(images, _pair(stride), _pair(padding), _pair(dilation))
+    output = weight.local_conv(conv, images, stride, padding, dilation, groups)
     if output is None:
         return None
     if bias is not None:
-        output = output + _densify(bias).reshape(-1, 1, 1)
+        output = output + _densify(bias).reshape((-1,) + (1,) * (output.dim() - 2))
     return output.squeeze(0) if unbatched else output

@@ -29,7 +29,7 @@ import pyro.distributions as dist
 import torch
 from pyro.distributions import TorchDistribution, constraints
 from torch import Tensor
-from torch.distributions import register_kl
+from torch.distributions import Distribution, register_kl
 
 from ..distributions.householder import StructuredDropoutNoise
 from ..distributions.whvi_matrix import has_real_support
@@ -102,17 +102,25 @@ class EmpiricalBayesPrior(TorchDistribution):
     """The model side of a VSD site: ``log_prob`` zero, ``sample`` from the original prior.
 
     :param original: the model's prior for the weight, used only to draw without a guide.
+
+    ``has_rsample`` is true (drawing goes through the original prior's ``rsample`` where it has one)
+    so that ``TraceGraph_ELBO`` treats the site as reparameterized and leaves the lazy value alone.
     """
 
     arg_constraints: dict = {}  # noqa: RUF012
     support = constraints.real
-    has_rsample = False
+    has_rsample = True
 
     def __init__(self, original: TorchDistribution):
         self.original = original
         super().__init__(torch.Size(), original.event_shape, validate_args=False)
 
     def sample(self, sample_shape=_SCALAR):
+        return self.original.sample(sample_shape)
+
+    def rsample(self, sample_shape=_SCALAR):
+        if self.original.has_rsample:
+            return self.original.rsample(sample_shape)
         return self.original.sample(sample_shape)
 
     def log_prob(self, value):
@@ -162,23 +170,34 @@ class VSDPosterior(TorchDistribution):
     def log_prob(self, value):
         return self.kl
 
+    def _along_noise(self, values: Tensor) -> Tensor:
+        return values.reshape(values.shape + (1,) * (self.theta.dim() - 1 - self.site.noise_dim))
+
     @property
     def mean(self) -> Tensor:
-        return self.theta
+        """:math:`\\Theta` (given ``z`` for the hierarchical model: :math:`\\operatorname{diag}(z) \\Theta`)."""
+        return self.theta if self.row_scale is None else self._along_noise(self.row_scale) * self.theta
 
     @property
     def variance(self) -> Tensor:
-        """Marginal variances :math:`\\Theta_{ij}^2 s_i` (given ``z`` for the hierarchical model)."""
+        """Marginal variances :math:`\\Theta_{ij}^2 s_i` (given ``z``: times :math:`z_i^2`)."""
         scale = self.noise.variance
         if self.row_scale is not None:
             scale = scale * self.row_scale.square()
-        shape = scale.shape + (1,) * (self.theta.dim() - 1 - self.site.noise_dim)
-        return self.theta.square() * scale.reshape(shape)
+        return self.theta.square() * self._along_noise(scale)
 
 
 @register_kl(VSDPosterior, EmpiricalBayesPrior)
 def _kl_vsd_empirical_bayes(q: VSDPosterior, p: EmpiricalBayesPrior) -> Tensor:
     return q.kl
+
+
+@register_kl(VSDPosterior, Distribution)
+def _kl_vsd_other_prior(q: VSDPosterior, p: Distribution) -> Tensor:
+    raise ValueError(
+        f"A VSD site met the prior {type(p).__name__} instead of the empirical-Bayes one: the ELBO was given the "
+        "original model. Pass guide.model (the model with the VSD sites' priors replaced) to SVI/ELBO/Predictive."
+    )
 
 
 def z_prior(kind: str, concentration: float, rate: float, like: Tensor, size: int):

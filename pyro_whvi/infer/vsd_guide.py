@@ -65,7 +65,10 @@ class HouseholderVectors(PyroModule):
     def __init__(self, size: int, reflections: int, hidden_rank: int | None, like: Tensor):
         super().__init__()
         self.size, self.reflections = size, reflections
-        self.first = nn.Parameter(torch.randn(size, dtype=like.dtype, device=like.device))
+        if reflections:
+            self.first = nn.Parameter(torch.randn(size, dtype=like.dtype, device=like.device))
+        else:  # U = I: no parameters, only the dtype and device of the empty (0, K) result
+            self.register_buffer("empty", like.new_zeros(0, size))
         steps = []
         for _ in range(max(reflections - 1, 0)):
             if hidden_rank is None:
@@ -79,7 +82,7 @@ class HouseholderVectors(PyroModule):
     def forward(self) -> Tensor:
         """``(T, K)``; row ``t-1`` is :math:`v_t` (``T = 0``: an empty ``(0, K)``)."""
         if self.reflections == 0:
-            return self.first.new_zeros(0, self.size)
+            return self.empty
         vectors: list[Tensor] = [self.first]
         for step in self.steps:
             vectors.append(step(vectors[-1]))
@@ -93,7 +96,7 @@ class AutoVSDGuide(StructuredAutoGuide):
     :param reflections: ``T``, the number of Householder reflections (``0``: ``U = I``, Gaussian
         dropout with the empirical-Bayes KL; the paper recommends 1 or 2).
     :param hidden_rank: ``r`` of the ReLU bottleneck between successive Householder vectors
-        (``None``: a full ``K x K`` layer); must not exceed any site's ``K``.
+        (``None``: a full ``K x K`` layer); with ``T >= 2`` it must not exceed any site's ``K``.
     :param init_alpha: initial :math:`\alpha` (``p / (1 - p)`` for a dropout rate ``p``); learned in
         log space, unbounded (no clipping is needed, unlike variational dropout).
     :param hierarchical: add per-row scales ``z`` (§3.3): :math:`W = \operatorname{diag}(z \odot \xi)\Theta`,
@@ -146,12 +149,12 @@ class AutoVSDGuide(StructuredAutoGuide):
                 f"AutoVSDGuide: z_prior must be (kind, concentration > 0, rate > 0) with kind in {Z_PRIORS}, "
                 f"got {z_prior!r}."
             )
-        if not (isinstance(init_scale, float) and init_scale > 0):
-            raise ValueError(f"AutoVSDGuide: init_scale must be a float > 0, got {init_scale!r}.")
+        if isinstance(init_scale, bool) or not (isinstance(init_scale, (int, float)) and init_scale > 0):
+            raise ValueError(f"AutoVSDGuide: init_scale must be a number > 0, got {init_scale!r}.")
         self.reflections, self.hidden_rank, self.init_alpha = reflections, hidden_rank, float(init_alpha)
         self.hierarchical, self.z_prior = hierarchical, (kind, float(concentration), float(rate))
         self.local_reparameterization = local_reparameterization
-        self.init_loc_fn, self._init_scale = init_loc_fn, init_scale
+        self.init_loc_fn, self._init_scale = init_loc_fn, float(init_scale)
         self._expose, self._hide = expose, hide
         self.vsd_sites: dict[str, VSDSite] | None = None
         self.model_site_shapes: dict[str, torch.Size | None] | None = None
@@ -166,7 +169,7 @@ class AutoVSDGuide(StructuredAutoGuide):
             original_model, args, kwargs, check_site=check_vsd_site, is_default=is_default_vsd_site
         )
         for name, site in self.vsd_sites.items():
-            if self.hidden_rank is not None and self.hidden_rank > site.num_noise:
+            if self.reflections >= 2 and self.hidden_rank is not None and self.hidden_rank > site.num_noise:
                 raise ValueError(
                     f"AutoVSDGuide: hidden_rank={self.hidden_rank} exceeds K={site.num_noise} of site {name!r} "
                     f"(shape {tuple(site.shape)}); use hidden_rank <= {site.num_noise} or None."
