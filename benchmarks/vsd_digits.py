@@ -8,7 +8,8 @@ seeds (each seed: its own split and init).
 
     python benchmarks/vsd_digits.py --models mlp,cnn --seeds 3
 
-Methods: ``vsd`` (AutoVSDGuide, T reflections), ``mcd`` (MC dropout: the same network with dropout,
+Methods: ``vsd`` (AutoVSDGuide, T reflections), ``vsd-h`` (the same with the hierarchical
+prior, §3.3; not in the default list), ``mcd`` (MC dropout: the same network with dropout,
 a point estimate under the prior as weight decay, Pyro's AutoDelta), ``mfg`` (AutoNormal).
 Writes ``vsd_digits_<models>.json`` / ``.md`` to ``--out`` (default ``benchmarks/results``).
 """
@@ -36,7 +37,7 @@ from pyro_whvi.data import load_digits_split
 from pyro_whvi.metrics import categorical_nll, error_rate, expected_calibration_error, reliability_diagram
 from pyro_whvi.models import BayesianCNN, BayesianMLP
 
-METHODS = ("vsd", "mcd", "mfg")
+METHODS = ("vsd", "vsd-h", "mcd", "mfg")
 MODELS = ("mlp", "cnn")
 
 
@@ -49,8 +50,9 @@ def make_model(kind: str, dropout: float):
 
 
 def make_guide(method: str, model, args):
-    if method == "vsd":
-        return AutoVSDGuide(model, reflections=args.reflections, init_alpha=args.init_alpha)
+    if method in ("vsd", "vsd-h"):
+        hierarchical = method == "vsd-h"
+        return AutoVSDGuide(model, reflections=args.reflections, init_alpha=args.init_alpha, hierarchical=hierarchical)
     if method == "mcd":
         return AutoDelta(model, init_loc_fn=init_to_sample)
     if method == "mfg":
@@ -70,7 +72,7 @@ def fit_candidate(method: str, kind: str, setting: float, data, fit, val, seed: 
     pyro.clear_param_store()
     model = make_model(kind, setting if method == "mcd" else 0.0)
     guide = make_guide(method, model, args)
-    svi_model = guide.model if method == "vsd" else model
+    svi_model = guide.model if isinstance(guide, AutoVSDGuide) else model
     annealing = KLAnnealing(args.kl_weight if method == "mcd" else setting)
     svi = SVI(annealing(svi_model), annealing(guide), PyroOptim(torch.optim.Adam, {"lr": args.lr}), Trace_ELBO())
     x_fit, y_fit = data.x_train[fit], data.y_train[fit]

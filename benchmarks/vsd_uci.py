@@ -39,7 +39,7 @@ from pyro_whvi import AutoVSDGuide, KLAnnealing
 from pyro_whvi.data import gaussian_mnll, load_uci_split, num_uci_splits, rmse
 from pyro_whvi.models import BayesianMLP
 
-METHODS = ("vsd", "mcd")
+METHODS = ("vsd", "vsd-h", "mcd")
 
 
 def _predict(svi_model, guide, x, samples: int) -> torch.Tensor:
@@ -56,18 +56,22 @@ def fit_candidate(method: str, setting: float, data, fit, val, split: int, args)
     dropout = setting if method == "mcd" else 0.0
     model = BayesianMLP(widths, noise_scale=args.noise_scale, dropout=dropout)
     guide: AutoVSDGuide | AutoDelta
-    if method == "vsd":
+    if method in ("vsd", "vsd-h"):
         # --vsd-hidden-only: noise on the units MC dropout drops only (the first layer then mean-field).
         hide = ["layers.0.weight"] if args.vsd_hidden_only else None
         guide = AutoVSDGuide(
-            model, reflections=args.reflections, init_alpha=args.init_alpha, hide=hide, hierarchical=args.hierarchical
+            model,
+            reflections=args.reflections,
+            init_alpha=args.init_alpha,
+            hide=hide,
+            hierarchical=args.hierarchical or method == "vsd-h",
         )
         svi_model = guide.model
     elif method == "mcd":
         guide, svi_model = AutoDelta(model, init_loc_fn=init_to_sample), model
     else:
         raise ValueError(f"unknown method {method!r}; choose from {METHODS}")
-    annealing = KLAnnealing(setting if method == "vsd" else args.kl_weight)
+    annealing = KLAnnealing(args.kl_weight if method == "mcd" else setting)
     optim = PyroOptim(torch.optim.Adam, {"lr": args.lr})
     svi = SVI(annealing(svi_model), annealing(guide), optim, Trace_ELBO())
     # Phase one: the noise scale is hidden from the trace SVI collects parameters from, so it stays fixed.
@@ -93,7 +97,7 @@ def run_split(method: str, data_dir: Path, split: int, args) -> dict:
     order = torch.randperm(len(data.y_train), generator=torch.Generator().manual_seed(split))
     num_val = round(args.val_fraction * len(order))
     val, fit = order[:num_val], order[num_val:]
-    settings = args.kl_weights if method == "vsd" else args.dropouts
+    settings = args.dropouts if method == "mcd" else args.kl_weights
     start = time.perf_counter()
     chosen = select_best(settings, lambda setting: fit_candidate(method, setting, data, fit, val, split, args))
     seconds = time.perf_counter() - start
