@@ -151,6 +151,19 @@ def test_predictive_summaries_and_state_dict_round_trip():
         Predictive(guide.model, guide=guide, num_samples=2, parallel=True)(x)
 
 
+def test_hierarchical_quantiles_are_monte_carlo_over_z_and_xi():
+    x, y = regression_data()
+    guide = AutoVSDGuide(BayesianMLP([5, 8, 1]), hierarchical=True)
+    guide(x, y)
+    quantiles = guide.quantiles([0.1, 0.5, 0.9], num_samples=2000)
+    weight = quantiles["layers.0.weight"]
+    assert weight.shape == (3, 8, 5) and (weight[0] <= weight[1]).all() and (weight[1] <= weight[2]).all()
+    # Each entry is z_i xi_i Theta_ij with z > 0 and xi ~ N(1, 0.25) at init: the median keeps Theta's sign.
+    theta = guide.vsd_theta.layers._modules["0"].weight
+    assert torch.equal(torch.sign(weight[1]), torch.sign(theta))
+    assert ((weight[2] - weight[0]) > 0).all()
+
+
 def test_cnn_sites_use_output_channel_noise_and_train():
     images, labels = torch.rand(16, 1, 8, 8), torch.randint(0, 10, (16,))
     guide = AutoVSDGuide(BayesianCNN(channels=(4, 6), hidden=12), reflections=1)

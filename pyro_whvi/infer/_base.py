@@ -56,6 +56,24 @@ class StructuredAutoGuide(AutoGuide):
             )
         return sites
 
+    def _require_prototype(self, what: str) -> None:
+        if self.prototype_trace is None:
+            raise RuntimeError(f"{type(self).__name__}.{what}: call the guide once (or train it) first.")
+
+    def _require_site(self, weight_site: str, what: str) -> None:
+        """A clear error unless the guide is set up and ``weight_site`` is one of its structured sites."""
+        self._require_prototype(what)
+        sites = self._selected_sites()
+        if weight_site not in sites:
+            raise KeyError(
+                f"{weight_site!r} is not a weight site of this {type(self).__name__}; sites: {sorted(sites)}."
+            )
+
+    @torch.no_grad()
+    def median(self, *args, num_samples: int = 1000, **kwargs) -> dict:
+        """Posterior medians of every latent site, and of each structured weight under its own name."""
+        return {name: value[0] for name, value in self.quantiles([0.5], num_samples=num_samples).items()}
+
     def _trace_and_select(self, original_model, args, kwargs, *, check_site, is_default, last_mean_field=False):
         """Trace the user's model once: record its sample-site shapes, return the selected weight sites."""
         self.model_site_shapes, sites = select_sites(

@@ -9,7 +9,15 @@ import torch
 
 from ..distributions.whvi_matrix import base_distribution, has_real_support
 
-__all__ = ["deep_getattr", "empirical_quantiles", "has_deep_attr", "marginal_std", "normal_quantiles", "prior_stddev"]
+__all__ = [
+    "deep_getattr",
+    "empirical_quantiles",
+    "has_deep_attr",
+    "like_tensor",
+    "marginal_std",
+    "normal_quantiles",
+    "prior_stddev",
+]
 
 
 def deep_getattr(obj, name: str):
@@ -23,6 +31,14 @@ def has_deep_attr(obj, name: str) -> bool:
     except AttributeError:
         return False
     return True
+
+
+def like_tensor(fn) -> torch.Tensor:
+    """A tensor with ``fn``'s dtype and device (its mean where it has one), to create parameters like it."""
+    try:
+        return fn.mean
+    except NotImplementedError:
+        return torch.zeros(())
 
 
 def prior_stddev(fn, like: torch.Tensor) -> torch.Tensor | float:

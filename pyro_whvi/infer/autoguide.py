@@ -232,10 +232,7 @@ class AutoWHVIGuide(StructuredAutoGuide):
 
     def weight_distribution(self, weight_site: str) -> WHVIMatrix:
         """``q(W)`` of a WHVI weight site: :class:`WHVINormal` for Gaussian ``q(g)``, else :class:`WHVIMatrix`."""
-        if self.prototype_trace is None:
-            raise RuntimeError("AutoWHVIGuide.weight_distribution: call the guide once (or train) first.")
-        if weight_site not in self._layouts:
-            raise KeyError(f"{weight_site!r} is not a WHVI site of this guide; WHVI sites: {sorted(self._layouts)}.")
+        self._require_site(weight_site, "weight_distribution")
         s1, s2 = deep_getattr(self.whvi_s1, weight_site), deep_getattr(self.whvi_s2, weight_site)
         cls = WHVIMatrix if self.num_flows else WHVINormal
         return cls(s1, s2, self.get_posterior(weight_site), self._layouts[weight_site].shape)
@@ -254,8 +251,7 @@ class AutoWHVIGuide(StructuredAutoGuide):
 
         Exact for Gaussian ``q(g)``; a Monte-Carlo estimate from ``num_samples`` draws with flows.
         """
-        if self.prototype_trace is None:
-            raise RuntimeError("AutoWHVIGuide.quantiles/median: call the guide once (or train it) first.")
+        self._require_prototype("quantiles/median")
         levels = torch.as_tensor(list(quantiles))
         result = {}
         for name, site in self.prototype_trace.iter_stochastic_nodes():
@@ -273,8 +269,3 @@ class AutoWHVIGuide(StructuredAutoGuide):
                 continue
             result[name] = self._mean_field_quantiles(name, site, levels)
         return result
-
-    @torch.no_grad()
-    def median(self, *args, num_samples: int = 1000, **kwargs) -> dict:
-        """Posterior medians of every latent site, and of each WHVI weight under its original name."""
-        return {name: value[0] for name, value in self.quantiles([0.5], num_samples=num_samples).items()}

@@ -33,7 +33,14 @@ from torch import Tensor
 from ..distributions import WHVIMatrix
 from ..distributions.householder import StructuredDropoutNoise
 
-__all__ = ["LazyWeight", "VSDWeight", "WHVIWeight", "local_reparameterization", "local_reparameterization_enabled"]
+__all__ = [
+    "LazyWeight",
+    "VSDWeight",
+    "WHVIWeight",
+    "local_reparameterization",
+    "local_reparameterization_enabled",
+    "scale_along",
+]
 
 _LOCAL_OVERRIDE: list[bool] = []
 
@@ -184,6 +191,15 @@ class WHVIWeight(LazyWeight):
         return output.mT.reshape(images.shape[0], out_channels, height, width)
 
 
+def scale_along(theta: Tensor, xi: Tensor, noise_dim: int) -> Tensor:
+    r""":math:`\operatorname{diag}(\xi) \Theta` along axis ``noise_dim`` of ``theta``; ``xi`` is ``(..., K)``.
+
+    Leading dimensions of ``xi`` (independent draws) become leading dimensions of the result.
+    """
+    shape = xi.shape[:-1] + (1,) * noise_dim + xi.shape[-1:] + (1,) * (theta.dim() - 1 - noise_dim)
+    return xi.reshape(shape) * theta
+
+
 class VSDWeight(LazyWeight):
     r"""The value of a VSD weight site: :math:`W = \operatorname{diag}(\xi) \Theta` along ``noise_dim``.
 
@@ -221,11 +237,8 @@ class VSDWeight(LazyWeight):
         xi = self.noise.rsample(sample_shape)
         return xi if self.row_scale is None else xi * self.row_scale
 
-    def _broadcast(self, xi: Tensor) -> Tensor:
-        return xi.reshape(xi.shape + (1,) * (self.theta.dim() - 1 - self.noise_dim))
-
     def dense_weight(self) -> Tensor:
-        return self._broadcast(self.xi) * self.theta
+        return scale_along(self.theta, self.xi, self.noise_dim)
 
     def __repr__(self, *, tensor_contents=None):
         axis = "inputs" if self.noise_dim == 1 else "output channels"

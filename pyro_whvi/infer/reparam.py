@@ -32,6 +32,7 @@ from torch.distributions import Normal
 
 from ..distributions import WHVILayout, WHVIMatrix
 from ..distributions.whvi_matrix import base_distribution, has_real_support
+from ._guide_utils import like_tensor
 from .lazy_weight import WHVIWeight, local_reparameterization_enabled
 
 __all__ = ["WHVIReparam", "check_whvi_site", "g_site_name", "init_whvi_scales", "whvi_prior"]
@@ -89,13 +90,6 @@ class _PosteriorCapture(Messenger):
             self.posterior = (msg.get("infer") or {}).get(POSTERIOR_KEY)
 
 
-def _like(fn) -> Tensor:
-    try:
-        return fn.mean
-    except NotImplementedError:
-        return torch.zeros(())
-
-
 class WHVIReparam(Reparam):
     r"""Reparameterize a weight site into WHVI's latent ``g`` and a deterministic weight.
 
@@ -143,7 +137,7 @@ class WHVIReparam(Reparam):
                 UserWarning,
                 stacklevel=2,
             )
-        like = _like(fn)
+        like = like_tensor(fn)
         s1, s2 = self.scales(name, layout, like)
         prior = whvi_prior(layout, self.prior_variance, s1)
         capture = _PosteriorCapture(g_site_name(name))

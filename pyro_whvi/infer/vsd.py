@@ -33,7 +33,7 @@ from torch.distributions import Distribution, register_kl
 
 from ..distributions.householder import StructuredDropoutNoise
 from ..distributions.whvi_matrix import has_real_support
-from .lazy_weight import VSDWeight
+from .lazy_weight import VSDWeight, scale_along
 
 _SCALAR = torch.Size()
 
@@ -170,13 +170,10 @@ class VSDPosterior(TorchDistribution):
     def log_prob(self, value):
         return self.kl
 
-    def _along_noise(self, values: Tensor) -> Tensor:
-        return values.reshape(values.shape + (1,) * (self.theta.dim() - 1 - self.site.noise_dim))
-
     @property
     def mean(self) -> Tensor:
         """:math:`\\Theta` (given ``z`` for the hierarchical model: :math:`\\operatorname{diag}(z) \\Theta`)."""
-        return self.theta if self.row_scale is None else self._along_noise(self.row_scale) * self.theta
+        return self.theta if self.row_scale is None else scale_along(self.theta, self.row_scale, self.site.noise_dim)
 
     @property
     def variance(self) -> Tensor:
@@ -184,7 +181,7 @@ class VSDPosterior(TorchDistribution):
         scale = self.noise.variance
         if self.row_scale is not None:
             scale = scale * self.row_scale.square()
-        return self.theta.square() * self._along_noise(scale)
+        return scale_along(self.theta.square(), scale, self.site.noise_dim)
 
 
 @register_kl(VSDPosterior, EmpiricalBayesPrior)

@@ -35,8 +35,8 @@ from torch import Tensor, nn
 from ..distributions.empirical_bayes import vsd_hierarchical_kl, vsd_kl
 from ..distributions.householder import StructuredDropoutNoise
 from ._base import StructuredAutoGuide
-from ._guide_utils import deep_getattr, empirical_quantiles, normal_quantiles
-from .lazy_weight import local_reparameterization_enabled
+from ._guide_utils import deep_getattr, empirical_quantiles, like_tensor, normal_quantiles
+from .lazy_weight import local_reparameterization_enabled, scale_along
 from .model import ReparameterizedModel, SiteFilter
 from .vsd import (
     EmpiricalBayesPrior,
@@ -187,8 +187,7 @@ class AutoVSDGuide(StructuredAutoGuide):
     def replace_model_site(self, msg: dict) -> None:
         site = self._sites[msg["name"]]
         if self.hierarchical:
-            like = torch.zeros((), dtype=msg["fn"].mean.dtype, device=msg["fn"].mean.device)
-            pyro.sample(z_site_name(msg["name"]), z_prior(*self.z_prior, like, site.num_noise))
+            pyro.sample(z_site_name(msg["name"]), z_prior(*self.z_prior, like_tensor(msg["fn"]), site.num_noise))
         msg["fn"] = EmpiricalBayesPrior(msg["fn"])
 
     @property
@@ -222,13 +221,13 @@ class AutoVSDGuide(StructuredAutoGuide):
 
     def noise_distribution(self, weight_site: str) -> StructuredDropoutNoise:
         r""":math:`q(\xi) = \mathcal{N}(1, U \operatorname{diag}(\alpha) U^\top)` of a VSD site."""
-        self._check_site(weight_site)
+        self._require_site(weight_site, "noise_distribution")
         alpha = deep_getattr(self.vsd_alpha, weight_site)
         return StructuredDropoutNoise(alpha, deep_getattr(self.vsd_householder, weight_site)())
 
     def z_posterior(self, weight_site: str):
         """``q(z)``, log-normal, of a VSD site of the hierarchical model."""
-        self._check_site(weight_site)
+        self._require_site(weight_site, "z_posterior")
         if not self.hierarchical:
             raise RuntimeError("AutoVSDGuide.z_posterior: the guide was built with hierarchical=False.")
         loc, scale = deep_getattr(self.vsd_z_loc, weight_site), deep_getattr(self.vsd_z_scale, weight_site)
@@ -250,12 +249,6 @@ class AutoVSDGuide(StructuredAutoGuide):
         theta = deep_getattr(self.vsd_theta, weight_site)
         return VSDPosterior(theta, noise, self._sites[weight_site], self.kl(weight_site, noise), row_scale, local)
 
-    def _check_site(self, weight_site: str) -> None:
-        if self.prototype_trace is None:
-            raise RuntimeError("AutoVSDGuide: call the guide once (or train it) before asking for distributions.")
-        if weight_site not in self._sites:
-            raise KeyError(f"{weight_site!r} is not a VSD site of this guide; VSD sites: {sorted(self._sites)}.")
-
     def _sample_structured(self, name, sampled):
         if name in self._weight_of_z:
             return pyro.sample(name, self.z_posterior(self._weight_of_z[name]))
@@ -273,8 +266,7 @@ class AutoVSDGuide(StructuredAutoGuide):
         Exact for the plain model (:math:`W_{ij} \sim \mathcal{N}(\Theta_{ij}, \Theta_{ij}^2 s_i)`); a
         Monte-Carlo estimate from ``num_samples`` draws for the hierarchical one.
         """
-        if self.prototype_trace is None:
-            raise RuntimeError("AutoVSDGuide.quantiles/median: call the guide once (or train it) first.")
+        self._require_prototype("quantiles/median")
         levels = torch.as_tensor(list(quantiles))
         result = {}
         for name, site in self.prototype_trace.iter_stochastic_nodes():
@@ -282,16 +274,16 @@ class AutoVSDGuide(StructuredAutoGuide):
                 z_dist = self.z_posterior(self._weight_of_z[name]).base_dist
                 result[name] = normal_quantiles(z_dist.loc, z_dist.scale, levels).exp()
             elif name in self._sites and self.hierarchical:
-                draws = [self.get_posterior(name, self.z_posterior(name).sample()).sample() for _ in range(num_samples)]
-                result[name] = empirical_quantiles(torch.stack([draw.dense() for draw in draws]), levels)
+                # W = diag(z * xi) Theta for num_samples independent (z, xi), drawn in one batch.
+                xi = self.noise_distribution(name).sample((num_samples,)) * self.z_posterior(name).sample(
+                    (num_samples,)
+                )
+                theta = deep_getattr(self.vsd_theta, name)
+                draws = scale_along(theta, xi, self._sites[name].noise_dim)
+                result[name] = empirical_quantiles(draws, levels)
             elif name in self._sites:
                 posterior = self.get_posterior(name)
                 result[name] = normal_quantiles(posterior.mean, posterior.variance.sqrt(), levels)
             else:
                 result[name] = self._mean_field_quantiles(name, site, levels)
         return result
-
-    @torch.no_grad()
-    def median(self, *args, num_samples: int = 1000, **kwargs) -> dict:
-        """Posterior medians of every latent site (VSD weights: :math:`\\Theta` for the plain model)."""
-        return {name: value[0] for name, value in self.quantiles([0.5], num_samples=num_samples).items()}
