@@ -23,8 +23,6 @@ References:
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import Tensor
 from torch.distributions import Gamma, InverseGamma, LogNormal, register_kl
@@ -49,10 +47,6 @@ def vsd_hierarchical_kl(
     return vsd_kl(alpha, noise_variance, num_columns) + 0.5 * num_columns * (expected_z - z_loc - 1).sum(-1)
 
 
-def _lognormal_entropy(loc: Tensor, scale: Tensor) -> Tensor:
-    return loc + 0.5 + scale.log() + 0.5 * math.log(2 * math.pi)
-
-
 def kl_lognormal_inverse_gamma(q: LogNormal, p: InverseGamma) -> Tensor:
     r""":math:`\mathrm{KL}(\text{LogNormal}(\mu, \sigma) \Vert \text{InvGamma}(a, b))`, closed form (App. C).
 
@@ -62,7 +56,7 @@ def kl_lognormal_inverse_gamma(q: LogNormal, p: InverseGamma) -> Tensor:
     loc, scale = q.loc, q.scale
     a, b = p.concentration, p.rate
     cross = a * b.log() - torch.lgamma(a) - (a + 1) * loc - b * torch.exp(-loc + 0.5 * scale.square())
-    return -_lognormal_entropy(loc, scale) - cross
+    return -q.entropy() - cross
 
 
 def kl_lognormal_gamma(q: LogNormal, p: Gamma) -> Tensor:
@@ -70,7 +64,7 @@ def kl_lognormal_gamma(q: LogNormal, p: Gamma) -> Tensor:
     loc, scale = q.loc, q.scale
     a, b = p.concentration, p.rate
     cross = a * b.log() - torch.lgamma(a) + (a - 1) * loc - b * torch.exp(loc + 0.5 * scale.square())
-    return -_lognormal_entropy(loc, scale) - cross
+    return -q.entropy() - cross
 
 
 register_kl(LogNormal, InverseGamma)(kl_lognormal_inverse_gamma)
