@@ -9,7 +9,15 @@ from collections.abc import Callable
 from typing import Any
 
 import pyro
+import torch
 from tqdm import tqdm
+
+
+def holdout(num: int, fraction: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A seeded random split of ``range(num)``: ``(fit, val)`` indices, ``val`` a ``fraction`` of them."""
+    order = torch.randperm(num, generator=torch.Generator().manual_seed(seed))
+    num_val = round(fraction * num)
+    return order[num_val:], order[:num_val]
 
 
 def train_with_checkpoints(

@@ -30,7 +30,7 @@ from pyro.optim import PyroOptim
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _results import environment, save_figure
-from _selection import select_best, summarize, train_with_checkpoints
+from _selection import holdout, select_best, summarize, train_with_checkpoints
 
 from pyro_whvi import AutoVSDGuide, KLAnnealing
 from pyro_whvi.data import load_digits_split
@@ -94,9 +94,7 @@ def fit_candidate(method: str, kind: str, setting: float, data, fit, val, seed: 
 def run(method: str, kind: str, seed: int, args) -> tuple[dict, tuple]:
     """Select the method's hyperparameter and stopping step on validation NLL, then evaluate on the test set."""
     data = load_digits_split(seed=seed, images=kind == "cnn")
-    order = torch.randperm(len(data.y_train), generator=torch.Generator().manual_seed(seed))
-    num_val = round(args.val_fraction * len(order))
-    val, fit = order[:num_val], order[num_val:]
+    fit, val = holdout(len(data.y_train), args.val_fraction, seed)
     settings = args.dropouts if method == "mcd" else args.kl_weights
     start = time.perf_counter()
     chosen = select_best(settings, lambda setting: fit_candidate(method, kind, setting, data, fit, val, seed, args))

@@ -11,7 +11,8 @@ original units, mean ± standard error over splits.
     python benchmarks/vsd_uci.py --data-dir ../shared/datasets/uci/bostonHousing --splits 5
 
 MC dropout is the same network with dropout on the hidden layer's output, a point estimate under
-the prior (weight decay, Pyro's AutoDelta). Writes ``vsd_uci_<dataset>.json`` / ``.md`` to ``--out``.
+the prior (weight decay, Pyro's AutoDelta); ``vsd-h`` is VSD with the hierarchical prior (§3.3).
+Writes ``vsd_uci_<dataset>.json`` / ``.md`` to ``--out``.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _results import environment
-from _selection import select_best, summarize, train_with_checkpoints
+from _selection import holdout, select_best, summarize, train_with_checkpoints
 
 from pyro_whvi import AutoVSDGuide, KLAnnealing
 from pyro_whvi.data import gaussian_mnll, load_uci_split, num_uci_splits, rmse
@@ -64,7 +65,7 @@ def fit_candidate(method: str, setting: float, data, fit, val, split: int, args)
             reflections=args.reflections,
             init_alpha=args.init_alpha,
             hide=hide,
-            hierarchical=args.hierarchical or method == "vsd-h",
+            hierarchical=method == "vsd-h",
         )
         svi_model = guide.model
     elif method == "mcd":
@@ -94,9 +95,7 @@ def fit_candidate(method: str, setting: float, data, fit, val, split: int, args)
 def run_split(method: str, data_dir: Path, split: int, args) -> dict:
     """Model selection on a validation part of the training split (candidates and early stopping), then test."""
     data = load_uci_split(data_dir, split)
-    order = torch.randperm(len(data.y_train), generator=torch.Generator().manual_seed(split))
-    num_val = round(args.val_fraction * len(order))
-    val, fit = order[:num_val], order[num_val:]
+    fit, val = holdout(len(data.y_train), args.val_fraction, split)
     settings = args.dropouts if method == "mcd" else args.kl_weights
     start = time.perf_counter()
     chosen = select_best(settings, lambda setting: fit_candidate(method, setting, data, fit, val, split, args))
@@ -137,7 +136,6 @@ def main(argv=None) -> None:
     parser.add_argument("--reflections", type=int, default=2, help="VSD's T (App. I.3 uses 2)")
     parser.add_argument("--init-alpha", type=float, default=0.25)
     parser.add_argument("--vsd-hidden-only", action="store_true", help="no VSD noise on the inputs (mean-field)")
-    parser.add_argument("--hierarchical", action="store_true", help="VSD with the hierarchical prior (§3.3)")
     parser.add_argument("--noise-scale", type=float, default=0.3, help="initial noise std (standardized units)")
     parser.add_argument("--samples", type=int, default=1000)
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
