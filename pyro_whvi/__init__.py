@@ -4,9 +4,10 @@ The foundation is :mod:`pyro_whvi.ops`, the fast Walsh–Hadamard transform and 
 product with compiled CPU kernels and a pure-PyTorch reference.
 """
 
-from . import distributions, infer, ops
+from . import distributions, infer, init, ops
 from .distributions import StructuredDropoutNoise, WHVIMatrix, WHVINormal
 from .infer import AutoVSDGuide, AutoWHVIGuide, KLAnnealing, WHVIReparam, local_reparameterization
+from .init import iblm_, xavier_normal_
 
 __version__ = "0.1.0.dev0"
 
@@ -20,7 +21,10 @@ __all__ = [
     "WHVIReparam",
     "__version__",
     "distributions",
+    "iblm_",
     "infer",
+    "init",
     "local_reparameterization",
     "ops",
+    "xavier_normal_",
 ]

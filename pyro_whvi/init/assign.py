@@ -1,0 +1,224 @@
+r"""Setting a guide's ``q`` for one layer from a Gaussian over the layer's weights (I-BLM §4.2).
+
+The layer's Gaussian has independent output rows (the BLM posterior of each output unit), given as
+means, the diagonal of each row's posterior precision (entries of the weight and of the bias), and
+the likelihood part :math:`X^\top \operatorname{diag}(\sigma^{-2}) X` of each row's precision (the prior
+part is the model's). Each guide takes its best approximation:
+
+* **mean-field** (``AutoNormal``, and the other sites of our guides): mean = posterior mean, variance
+  :math:`1 / P_{ii}`, the minimizer of ``KL(q || p)`` (I-BLM App. D);
+* **WHVI** (:class:`~pyro_whvi.AutoWHVIGuide`): ``s1``, ``s2`` and the mean of ``g`` from the Frobenius
+  projection of the mean onto the WHVI form (WHVI App. B, eq. 14); ``q(g)``'s covariance from the
+  precision of the layer's BLM *in the WHVI model*: the likelihood part seen through
+  ``vect(W) = A g`` plus the prior :math:`\lambda^{-1} I` on ``g``,
+  :math:`A^\top X^\top L^{-1} X A + \lambda^{-1} I`: its inverse diagonal for a diagonal ``q(g)`` (and the
+  base of planar flows, which keep their initialization), the whole inverse for ``"full"``, its
+  leading eigen-directions (probabilistic-PCA split) plus the rest on the diagonal for ``"lowrank"``;
+* **VSD** (:class:`~pyro_whvi.AutoVSDGuide`): :math:`\Theta` = the mean; the noise variances
+  :math:`s = \operatorname{diag}(U \operatorname{diag}(\alpha) U^\top)` minimize
+  ``KL(q || p_mean-field)`` given :math:`\Theta`, where :math:`W_e \sim \mathcal{N}(\Theta_e, \Theta_e^2 s_{k(e)})`:
+  :math:`s_k = Q / \sum_{e \in k} P_{ee} \Theta_e^2` (the "relative variances" of the BLM); then
+  :math:`\alpha \ge 0` solves :math:`(U \odot U)\alpha = s` (non-negative least squares; exact when
+  ``U = I``). Householder vectors are kept.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pyro
+import torch
+from pyro.infer.autoguide import AutoNormal
+from torch import Tensor
+from torch.distributions import transform_to
+
+from ..infer import AutoVSDGuide, AutoWHVIGuide
+from ..infer._base import StructuredAutoGuide
+from ..infer._guide_utils import deep_getattr, has_deep_attr
+from ..infer.reparam import g_site_name
+from .blm import cholesky_with_jitter
+from .whvi_projection import fit_whvi_mean, whvi_precision, whvi_rhs
+
+__all__ = ["LayerGaussian", "assign_layer", "check_guide", "set_param", "set_whvi_isotropic"]
+
+#: Above this block size the WHVI precision uses the diagonal of each row's BLM precision (memory K D^3).
+FULL_ROW_PRECISION_MAX_BLOCK = 256
+
+
+@dataclass
+class LayerGaussian:
+    """A Gaussian over one layer's weight (rows independent) and bias; ``R`` output rows, ``F`` fan-in."""
+
+    weight_mean: Tensor  #: the weight's shape, ``(R, ...)``
+    weight_precision: Tensor  #: the weight's shape: diagonal of the posterior precision
+    row_data_precision: Tensor  #: ``(R, F, F)``: the likelihood part of each row's precision over its weights
+    row_data_rhs: Tensor  #: ``(R, F)``: the likelihood's linear term for each row's weights, bias at its mean
+    bias_mean: Tensor | None = None  #: ``(R,)``
+    bias_precision: Tensor | None = None  #: ``(R,)``
+    bias_data_precision: Tensor | None = None  #: ``(R,)``: the likelihood part of ``bias_precision``
+
+
+def check_guide(guide) -> None:
+    if not isinstance(guide, (AutoNormal, StructuredAutoGuide)):
+        raise TypeError(
+            f"iblm_: {type(guide).__name__} is not supported; pass an AutoNormal, AutoWHVIGuide or AutoVSDGuide."
+        )
+
+
+def set_param(container, name: str, value: Tensor) -> None:
+    """Overwrite the constrained value of the ``PyroParam`` ``container.<name>`` in place.
+
+    In place, so that an optimizer already holding the parameter keeps working.
+    """
+    parent_name, _, attr = name.rpartition(".")
+    parent = deep_getattr(container, parent_name) if parent_name else container
+    if attr not in getattr(parent, "_pyro_params", {}):
+        raise KeyError(f"iblm_: the guide has no parameter {name!r}.")
+    constraint, _ = parent._pyro_params[attr]
+    unconstrained = getattr(parent, attr + "_unconstrained")
+    if unconstrained.shape != value.shape:
+        raise ValueError(f"iblm_: parameter {name!r} has shape {tuple(unconstrained.shape)}, got {tuple(value.shape)}.")
+    new = transform_to(constraint).inv(value.to(unconstrained))
+    with torch.no_grad():
+        unconstrained.copy_(new)
+        stored = pyro.get_param_store()._params.get(parent._pyro_get_fullname(attr))
+        if stored is not None and stored is not unconstrained:
+            stored.copy_(new)
+
+
+def _set_mean_field(guide, site: str, mean: Tensor, precision: Tensor) -> None:
+    if not has_deep_attr(guide.locs, site):
+        raise KeyError(f"iblm_: {type(guide).__name__} has no mean-field parameters for site {site!r}.")
+    set_param(guide.locs, site, mean)
+    set_param(guide.scales, site, precision.rsqrt())
+
+
+def _padded_rows(values: Tensor, rows: int, cols: int) -> Tensor:
+    """Zero-pad a ``(r, c, ...)`` tensor to ``(rows, cols, ...)``."""
+    out = values.new_zeros((rows, cols, *values.shape[2:]))
+    out[: values.shape[0], : values.shape[1]] = values
+    return out
+
+
+def _block_view(values: Tensor, layout, rows: int, cols: int) -> Tensor:
+    """A site's values (its shape, or ``(R, F, ...)`` per row) placed on the ``(K D, D, ...)`` block grid."""
+    if layout.kind == "vector":
+        return _padded_rows(values.reshape(1, -1), 1, rows * cols).reshape(rows, cols)
+    return _padded_rows(values.reshape(layout.out_features, layout.in_features, *values.shape[2:]), rows, cols)
+
+
+def _assign_whvi(guide: AutoWHVIGuide, site: str, mean: Tensor, precision: Tensor, rhs: Tensor) -> None:
+    """Set ``s1``, ``s2`` and ``q(g)`` of a WHVI site from a Gaussian over its weight.
+
+    ``precision`` is the likelihood part of each row's precision, ``(R, F, F)``, or its diagonal in the
+    site's shape; ``rhs`` the likelihood's linear term, in the site's shape.
+    """
+    layout = guide.structured_sites[site]  # type: ignore[index]
+    num_blocks, block_size = layout.block_shape
+    rows, cols = num_blocks * block_size, block_size
+    # The projection and q(g) are solved in float64 whatever the guide's dtype: the normal equations
+    # of the fit are ill-conditioned in float32 (set_param casts the results back).
+    mean, precision, rhs = mean.double(), precision.double(), rhs.double()
+    full_rows = precision.dim() == 3 and layout.kind == "matrix" and precision.shape[-1] == precision.shape[-2]
+    if full_rows and block_size > FULL_ROW_PRECISION_MAX_BLOCK:
+        precision, full_rows = precision.diagonal(dim1=-2, dim2=-1), False
+    if full_rows:
+        grid_precision = _padded_rows(precision, rows, cols)
+        grid_precision = _padded_rows(grid_precision.transpose(0, 2), cols, cols).transpose(0, 2)
+        grid_precision = grid_precision.reshape(num_blocks, block_size, block_size, block_size)
+    else:
+        grid_precision = _block_view(precision, layout, rows, cols).reshape(num_blocks, block_size, block_size)
+    blocks = (num_blocks, block_size, block_size)
+    target = _block_view(mean, layout, rows, cols).view(blocks)
+    mask = _block_view(torch.ones_like(mean), layout, rows, cols).view(blocks)
+    s1 = deep_getattr(guide.whvi_s1, site).detach().double()
+    s2 = deep_getattr(guide.whvi_s2, site).detach().double()
+    lam = guide.prior_variance
+    if target.abs().max() > 0:
+        s1, _, s2 = fit_whvi_mean(target, mask, s1, s2, lam)
+    eye = torch.eye(block_size, dtype=s1.dtype, device=s1.device)
+    g_precision = whvi_precision(s1, s2, grid_precision, diagonal=False) + eye / lam
+    g_rhs = whvi_rhs(s1, s2, _block_view(rhs, layout, rows, cols).view(blocks))
+    chol = cholesky_with_jitter(g_precision, f"iblm_: q(g) of {site!r}")
+    g_mean = torch.cholesky_solve(g_rhs.unsqueeze(-1), chol).squeeze(-1)
+    name = g_site_name(site)
+    set_param(guide.whvi_s1, site, s1)
+    set_param(guide.whvi_s2, site, s2)
+    set_param(guide.locs, name, g_mean)
+    if guide.covariance == "diagonal":
+        set_param(guide.scales, name, g_precision.diagonal(dim1=-2, dim2=-1).rsqrt())
+        return
+    covariance = torch.cholesky_inverse(chol)
+    if guide.covariance == "full":
+        set_param(guide.scale_trils, name, torch.linalg.cholesky(covariance))
+        return
+    rank = deep_getattr(guide.cov_factors, name).shape[-1]
+    eigenvalues, eigenvectors = torch.linalg.eigh(covariance)  # ascending
+    rest = eigenvalues[..., : block_size - rank]
+    residual = rest.mean(-1, keepdim=True) if rank < block_size else torch.zeros_like(eigenvalues[..., :1])
+    top = (eigenvalues[..., -rank:] - residual).clamp_min(0.0)
+    factor = eigenvectors[..., -rank:] * top.sqrt().unsqueeze(-2)
+    diag = (covariance.diagonal(dim1=-2, dim2=-1) - factor.pow(2).sum(-1)).clamp_min(1e-12)
+    set_param(guide.cov_factors, name, factor)
+    set_param(guide.scales, name, diag.sqrt())
+
+
+def set_whvi_isotropic(guide: AutoWHVIGuide, site: str, weight_variance: float) -> None:
+    r"""``q(g) = N(0, sigma^2 I)`` with ``sigma`` giving the weight entries variance ``weight_variance``.
+
+    With :math:`g_k` independent of variance :math:`\sigma^2`, :math:`\operatorname{Var} W_{ij} =
+    s_{1,i}^2 s_{2,j}^2 \sigma^2 / D`; ``s1``, ``s2`` are kept and their mean squares used.
+    """
+    s1 = deep_getattr(guide.whvi_s1, site).detach()
+    s2 = deep_getattr(guide.whvi_s2, site).detach()
+    sigma = (weight_variance * s1.shape[-1] / (s1.pow(2).mean() * s2.pow(2).mean())).sqrt()
+    name = g_site_name(site)
+    set_param(guide.locs, name, torch.zeros_like(s1))
+    if guide.covariance == "full":
+        eye = torch.eye(s1.shape[-1], dtype=s1.dtype, device=s1.device)
+        set_param(guide.scale_trils, name, (sigma * eye).expand(s1.shape[0], -1, -1).clone())
+        return
+    set_param(guide.scales, name, torch.full_like(s1, float(sigma)))
+    if guide.covariance == "lowrank":
+        set_param(guide.cov_factors, name, torch.zeros_like(deep_getattr(guide.cov_factors, name)))
+
+
+def _nonnegative_solve(matrix: Tensor, target: Tensor, iterations: int = 500) -> Tensor:
+    """``x >= 0`` minimizing ``|matrix x - target|`` for a non-negative ``matrix`` (multiplicative updates)."""
+    x = target.clone()
+    gram, rhs = matrix.T @ matrix, matrix.T @ target
+    for _ in range(iterations):
+        x = x * rhs / (gram @ x).clamp_min(1e-30)
+    return x.clamp_min(1e-12 * target.max())
+
+
+def _assign_vsd(guide: AutoVSDGuide, site: str, mean: Tensor, precision: Tensor) -> None:
+    vsd_site = guide.structured_sites[site]  # type: ignore[index]
+    grouped = (precision * mean.pow(2)).movedim(vsd_site.noise_dim, 0).reshape(vsd_site.num_noise, -1)
+    target = vsd_site.num_columns / grouped.sum(-1).clamp_min(1e-30)
+    target = target.clamp(1e-6, 1e2)
+    orthogonal = guide.noise_distribution(site).householder_matrix.detach()
+    alpha = _nonnegative_solve(orthogonal.pow(2), target)
+    set_param(guide.vsd_theta, site, mean)
+    set_param(guide.vsd_alpha, site, alpha)
+
+
+def assign_layer(guide, weight_site: str, bias_site: str | None, layer: LayerGaussian) -> None:
+    """Set ``guide``'s ``q`` for a layer's weight (and bias) from ``layer``; see the module docstring."""
+    structured = guide.structured_sites or {} if isinstance(guide, StructuredAutoGuide) else {}
+    if isinstance(guide, AutoWHVIGuide) and weight_site in structured:
+        _assign_whvi(guide, weight_site, layer.weight_mean, layer.row_data_precision, layer.row_data_rhs)
+    elif isinstance(guide, AutoVSDGuide) and weight_site in structured:
+        _assign_vsd(guide, weight_site, layer.weight_mean, layer.weight_precision)
+    else:
+        _set_mean_field(guide, weight_site, layer.weight_mean, layer.weight_precision)
+    if bias_site is None or layer.bias_mean is None or layer.bias_precision is None:
+        return
+    if isinstance(guide, AutoWHVIGuide) and bias_site in structured:
+        assert layer.bias_data_precision is not None
+        rhs = layer.bias_data_precision * layer.bias_mean
+        _assign_whvi(guide, bias_site, layer.bias_mean, layer.bias_data_precision, rhs)
+    elif isinstance(guide, AutoVSDGuide) and bias_site in structured:
+        _assign_vsd(guide, bias_site, layer.bias_mean, layer.bias_precision)
+    else:
+        _set_mean_field(guide, bias_site, layer.bias_mean, layer.bias_precision)
