@@ -75,3 +75,17 @@ def regression_data(num: int = 32, d_in: int = 5):
     """A small smooth regression problem, ``x ~ N(0, I)``, ``y = sin(sum x)``."""
     x = torch.randn(num, d_in)
     return x, torch.sin(x.sum(-1))
+
+
+def uci_directory(path):
+    """A small dataset in the UCI split format under ``path`` (3 features, target in the last column,
+    one split of 50 train / 10 test rows), so that tests need no ``../shared`` checkout."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(60, 3))
+    data = np.column_stack([x, np.sin(x[:, 0]) + 0.1 * rng.normal(size=60)])
+    np.savetxt(path / "data.txt", data)
+    np.savetxt(path / "index_features.txt", [0, 1, 2], fmt="%d")
+    np.savetxt(path / "index_target.txt", [3], fmt="%d")
+    np.savetxt(path / "index_train_0.txt", np.arange(50), fmt="%d")
+    np.savetxt(path / "index_test_0.txt", np.arange(50, 60), fmt="%d")
+    return path

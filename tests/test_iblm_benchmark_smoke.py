@@ -6,24 +6,11 @@ import json
 
 import numpy as np
 
-from .helpers import ROOT, run_python
-
-
-def _uci_directory(path):
-    """A small dataset in the UCI split format (3 features, target in the last column)."""
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(60, 3))
-    data = np.column_stack([x, np.sin(x[:, 0]) + 0.1 * rng.normal(size=60)])
-    np.savetxt(path / "data.txt", data)
-    np.savetxt(path / "index_features.txt", [0, 1, 2], fmt="%d")
-    np.savetxt(path / "index_target.txt", [3], fmt="%d")
-    np.savetxt(path / "index_train_0.txt", np.arange(50), fmt="%d")
-    np.savetxt(path / "index_test_0.txt", np.arange(50, 60), fmt="%d")
-    return path
+from .helpers import ROOT, run_python, uci_directory
 
 
 def test_iblm_benchmark(tmp_path):
-    data = _uci_directory(tmp_path)
+    data = uci_directory(tmp_path)
     argv = [str(ROOT / "benchmarks" / "iblm_init.py"), "--data-dir", str(data), "--seeds", "1", "--steps", "4"]
     argv += [
         "--eval-every",

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import json
 
-from .helpers import ROOT, run_python
-
-UCI = ROOT.parent / "shared" / "datasets" / "uci" / "yacht"
+from .helpers import ROOT, run_python, uci_directory
 
 
 def _run(script: str, argv: list[str]):
@@ -28,11 +26,13 @@ def test_digits_benchmark(tmp_path):
 
 
 def test_uci_benchmark(tmp_path):
-    argv = ["--data-dir", str(UCI), "--splits", "1", "--steps", "4", "--eval-every", "2", "--fixed-noise-steps", "2"]
+    (tmp_path / "toyuci").mkdir()
+    data = uci_directory(tmp_path / "toyuci")
+    argv = ["--data-dir", str(data), "--splits", "1", "--steps", "4", "--eval-every", "2", "--fixed-noise-steps", "2"]
     _run("vsd_uci.py", [*argv, "--samples", "3", "--val-samples", "3", "--out", str(tmp_path)])
-    record = json.loads((tmp_path / "vsd_uci_yacht.json").read_text())
+    record = json.loads((tmp_path / "vsd_uci_toyuci.json").read_text())
     assert [r["method"] for r in record["summary"]] == ["vsd", "mcd"]
-    assert "test log-likelihood" in (tmp_path / "vsd_uci_yacht.md").read_text()
+    assert "test log-likelihood" in (tmp_path / "vsd_uci_toyuci.md").read_text()
 
 
 def test_speed_benchmark(tmp_path):
