@@ -7,13 +7,15 @@ part is the model's). Each guide takes its best approximation:
 
 * **mean-field** (``AutoNormal``, and the other sites of our guides): mean = posterior mean, variance
   :math:`1 / P_{ii}`, the minimizer of ``KL(q || p)`` (I-BLM App. D);
-* **WHVI** (:class:`~pyro_whvi.AutoWHVIGuide`): ``s1``, ``s2`` and the mean of ``g`` from the Frobenius
-  projection of the mean onto the WHVI form (WHVI App. B, eq. 14); ``q(g)``'s covariance from the
-  precision of the layer's BLM *in the WHVI model*: the likelihood part seen through
-  ``vect(W) = A g`` plus the prior :math:`\lambda^{-1} I` on ``g``,
-  :math:`A^\top X^\top L^{-1} X A + \lambda^{-1} I`: its inverse diagonal for a diagonal ``q(g)`` (and the
-  base of planar flows, which keep their initialization), the whole inverse for ``"full"``, its
-  leading eigen-directions (probabilistic-PCA split) plus the rest on the diagonal for ``"lowrank"``;
+* **WHVI** (:class:`~pyro_whvi.AutoWHVIGuide`): ``s1`` and ``s2`` from the Frobenius projection of
+  the mean onto the WHVI form (WHVI App. B, eq. 14). Given them, ``W = A g`` is linear in ``g``, so the
+  layer's regression *in the WHVI model* (its likelihood seen through ``vect(W) = A g``, the prior
+  :math:`\mathcal{N}(0, \lambda I)` on ``g``) has an exact Gaussian posterior, with precision
+  :math:`A^\top X^\top L^{-1} X A + \lambda^{-1} I`; ``q(g)`` is that posterior: its mean (not eq. 14's
+  ``g``, which weighs every weight entry alike where the data do not), and its inverse diagonal for a
+  diagonal ``q(g)`` (also the base of planar flows, which keep their initialization), the whole
+  covariance for ``"full"``, or its leading eigen-directions (a probabilistic-PCA split) plus the rest
+  on the diagonal for ``"lowrank"``;
 * **VSD** (:class:`~pyro_whvi.AutoVSDGuide`): :math:`\Theta` = the mean; the noise variances
   :math:`s = \operatorname{diag}(U \operatorname{diag}(\alpha) U^\top)` minimize
   ``KL(q || p_mean-field)`` given :math:`\Theta`, where :math:`W_e \sim \mathcal{N}(\Theta_e, \Theta_e^2 s_{k(e)})`:
