@@ -345,3 +345,23 @@ def test_float32_guides(name):
     iblm_(guide, (x, y), batch_size=32)
     params = list(guide.parameters())
     assert params and all(p.dtype == torch.float32 and torch.isfinite(p).all() for p in params)
+
+
+@pytest.mark.parametrize(
+    "make_guide",
+    [
+        lambda m: AutoWHVIGuide(m, expose=lambda name: name.endswith("weight")),  # conv filters under WHVI too
+        lambda m: AutoVSDGuide(m, reflections=1),  # noise on the conv output channels
+    ],
+    ids=["whvi-conv", "vsd-conv"],
+)
+def test_structured_conv_sites_are_initialized(make_guide):
+    x = torch.rand(60, 1, 8, 8)
+    labels = (x[:, 0, :4].mean((-1, -2)) > x[:, 0, 4:].mean((-1, -2))).long()
+    model = BayesianCNN(num_classes=2, channels=(4, 4), hidden=8)
+    guide = make_guide(model)
+    iblm_(guide, (x, labels), batch_size=60)
+    assert "conv1.weight" in guide.structured_sites and "conv2.weight" in guide.structured_sites
+    assert all(torch.isfinite(p).all() for p in guide.parameters())
+    logits = Predictive(guide.model, guide=guide, num_samples=10, return_sites=["f"], parallel=False)(x)["f"]
+    assert torch.isfinite(logits).all()

@@ -106,7 +106,9 @@ def _block_view(values: Tensor, layout, rows: int, cols: int) -> Tensor:
     """A site's values (its shape, or ``(R, F, ...)`` per row) placed on the ``(K D, D, ...)`` block grid."""
     if layout.kind == "vector":
         return _padded_rows(values.reshape(1, -1), 1, rows * cols).reshape(rows, cols)
-    return _padded_rows(values.reshape(layout.out_features, layout.in_features, *values.shape[2:]), rows, cols)
+    per_entry = values.numel() == layout.out_features * layout.in_features
+    trailing = () if per_entry else (layout.in_features,)  # (R, F, F) row precisions keep their last dim
+    return _padded_rows(values.reshape(layout.out_features, layout.in_features, *trailing), rows, cols)
 
 
 def _assign_whvi(guide: AutoWHVIGuide, site: str, mean: Tensor, precision: Tensor, rhs: Tensor) -> None:
