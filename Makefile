@@ -27,8 +27,8 @@ demo: install build-kernels
 	$(BIN)/python benchmarks/fwht.py --quick
 
 lint:
-	$(BIN)/ruff check pyro_whvi tests benchmarks
-	$(BIN)/ruff format --check pyro_whvi tests benchmarks
+	$(BIN)/ruff check pyro_whvi tests benchmarks tutorials
+	$(BIN)/ruff format --check pyro_whvi tests benchmarks tutorials
 	$(BIN)/mypy
 
 # Everything CI runs: all extras, lint, types, and the whole test suite with the compiled kernels required.
