@@ -365,3 +365,27 @@ def test_structured_conv_sites_are_initialized(make_guide):
     assert all(torch.isfinite(p).all() for p in guide.parameters())
     logits = Predictive(guide.model, guide=guide, num_samples=10, return_sites=["f"], parallel=False)(x)["f"]
     assert torch.isfinite(logits).all()
+
+
+@pytest.mark.parametrize("name", ["normal", "whvi", "vsd"])
+def test_param_store_and_state_dict_hold_the_initialization(name):
+    """iblm_ writes in place: the param store, the guide's state_dict and a new guide loading it agree."""
+    x, y = _linear_data(40, 3, 1)
+    guide = GUIDES[name](BayesianMLP([3, 8, 1]))
+    guide(x, y)  # parameters registered in the param store before I-BLM, as when SVI has already run
+    store = pyro.get_param_store()
+    before = {key: value.detach().clone() for key, value in store.items()}
+    iblm_(guide, (x, y), batch_size=40)
+    changed = [key for key, value in store.items() if not torch.equal(value.detach(), before[key])]
+    assert changed, "the param store sees the new values"
+    state = {k: v.clone() for k, v in guide.state_dict().items()}
+    prefix = guide._pyro_name + "."
+    for key in changed:  # the module's own copy (read outside any Pyro context) is the store's
+        torch.testing.assert_close(deep_getattr(guide, key[len(prefix) :]).detach(), store[key].detach())
+    pyro.clear_param_store()
+    pyro.set_rng_seed(1)
+    fresh = GUIDES[name](BayesianMLP([3, 8, 1]))
+    fresh(x, y)
+    fresh.load_state_dict(state)
+    for key, value in fresh.state_dict().items():
+        torch.testing.assert_close(value, state[key])
