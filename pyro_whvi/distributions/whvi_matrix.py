@@ -45,8 +45,8 @@ def whvi_weight(s1: Tensor, g: Tensor, s2: Tensor, layout: WHVILayout) -> Tensor
 
 
 def base_distribution(fn: Distribution) -> Distribution:
-    """``fn`` without the ``Independent`` / ``expand`` wrappers Pyro puts around a distribution."""
-    while isinstance(fn, Independent) or type(fn).__name__ == "ExpandedDistribution":
+    """``fn`` without the ``Independent`` / ``expand`` / ``mask`` wrappers Pyro puts around a distribution."""
+    while isinstance(fn, Independent) or type(fn).__name__ in ("ExpandedDistribution", "MaskedDistribution"):
         fn = fn.base_dist  # type: ignore[attr-defined]
     return fn
 

@@ -77,6 +77,47 @@ def _broadcast_noise(noise_variance: Tensor | float, targets: Tensor) -> Tensor:
     return noise.expand_as(targets) if noise.dim() == 0 else noise.expand(targets.shape)
 
 
+@dataclass
+class _Statistics:
+    r"""What the data of ``J`` regressions enter through: :math:`X^\top L^{-1} X`, :math:`X^\top L^{-1} y`,
+    :math:`y^\top L^{-1} y` and :math:`\log|L|` (``L`` the noise covariance, or ``I`` when not given)."""
+
+    gram: Tensor  #: ``(J, d, d)``
+    projected: Tensor  #: ``(J, d)``
+    square: Tensor  #: ``(J,)``
+    log_det_noise: Tensor  #: ``(J,)``
+
+    @classmethod
+    def of(cls, inputs: Tensor, targets: Tensor, noise_variance: Tensor | float | None) -> _Statistics:
+        if noise_variance is None:
+            weighted, log_det = inputs, targets.new_zeros(targets.shape[:-1])
+            weighted_targets = targets
+        else:
+            noise = _broadcast_noise(noise_variance, targets)
+            weighted, log_det = inputs / noise.unsqueeze(-1), noise.log().sum(-1)
+            weighted_targets = targets / noise
+        return cls(
+            weighted.transpose(-1, -2) @ inputs,
+            (weighted.transpose(-1, -2) @ targets.unsqueeze(-1)).squeeze(-1),
+            (weighted_targets * targets).sum(-1),
+            log_det,
+        )
+
+    def log_marginal(self, num: int, prior_variance: Tensor, noise_scale: Tensor | float = 1.0) -> Tensor:
+        """``(J,)`` log evidence with noise covariance ``noise_scale * L`` and prior ``N(0, diag(prior_variance))``."""
+        precision = self.gram / noise_scale + torch.diag_embed(1.0 / prior_variance)
+        chol = cholesky_with_jitter(precision, "blm_log_marginal")
+        half = torch.linalg.solve_triangular(chol, (self.projected / noise_scale).unsqueeze(-1), upper=False)
+        log_det = (
+            self.log_det_noise
+            + num * math.log(float(noise_scale))
+            + prior_variance.log().sum(-1)
+            + 2.0 * chol.diagonal(dim1=-2, dim2=-1).log().sum(-1)
+        )
+        quadratic = self.square / noise_scale - half.squeeze(-1).pow(2).sum(-1)
+        return -0.5 * (log_det + quadratic + num * math.log(2 * math.pi))
+
+
 def blm_posterior(
     inputs: Tensor,
     targets: Tensor,
@@ -100,13 +141,12 @@ def blm_posterior(
             f"{tuple(targets.shape)}."
         )
     num_problems, _, dim = inputs.shape
-    noise = _broadcast_noise(noise_variance, targets)
+    stats = _Statistics.of(inputs, targets, noise_variance)
     prior_var = torch.as_tensor(prior_variance, dtype=inputs.dtype, device=inputs.device).expand(num_problems, dim)
     prior_loc = torch.as_tensor(prior_mean, dtype=inputs.dtype, device=inputs.device).expand(num_problems, dim)
-    weighted = inputs / noise.unsqueeze(-1)  # diag(sigma^-2) X
-    precision = weighted.transpose(-1, -2) @ inputs + torch.diag_embed(1.0 / prior_var)
+    precision = stats.gram + torch.diag_embed(1.0 / prior_var)
     chol = cholesky_with_jitter(precision, "blm_posterior")
-    rhs = (weighted.transpose(-1, -2) @ targets.unsqueeze(-1)).squeeze(-1) + prior_loc / prior_var
+    rhs = stats.projected + prior_loc / prior_var
     mean = torch.cholesky_solve(rhs.unsqueeze(-1), chol).squeeze(-1)
     return BLMPosterior(mean, precision, chol)
 
@@ -127,17 +167,9 @@ def blm_log_marginal(
     """
     if inputs.dim() == 2:
         inputs = inputs.expand(targets.shape[0], -1, -1)
-    posterior = blm_posterior(inputs, targets, noise_variance, prior_variance)
-    noise = _broadcast_noise(noise_variance, targets)
-    dim = inputs.shape[-1]
-    prior_var = torch.as_tensor(prior_variance, dtype=inputs.dtype, device=inputs.device).expand(targets.shape[0], dim)
-    scaled = targets / noise
-    projected = (inputs.transpose(-1, -2) @ scaled.unsqueeze(-1)).squeeze(-1)  # X^T y~
-    half_solve = torch.linalg.solve_triangular(posterior.precision_cholesky, projected.unsqueeze(-1), upper=False)
-    log_det_precision = 2.0 * posterior.precision_cholesky.diagonal(dim1=-2, dim2=-1).log().sum(-1)
-    quadratic = (scaled * targets).sum(-1) - half_solve.squeeze(-1).pow(2).sum(-1)
-    log_det = noise.log().sum(-1) + prior_var.log().sum(-1) + log_det_precision
-    return -0.5 * (log_det + quadratic + targets.shape[-1] * math.log(2 * math.pi))
+    prior = torch.as_tensor(prior_variance, dtype=targets.dtype, device=targets.device)
+    prior = prior.expand(targets.shape[0], inputs.shape[-1])
+    return _Statistics.of(inputs, targets, noise_variance).log_marginal(targets.shape[-1], prior)
 
 
 def evidence_hyperparameters(
@@ -163,32 +195,18 @@ def evidence_hyperparameters(
     if inputs.dim() == 2:
         inputs = inputs.expand(targets.shape[0], -1, -1)
     num, dim = inputs.shape[-2:]
-    weights = targets.new_ones(()) if noise_variance is None else 1.0 / _broadcast_noise(noise_variance, targets)
-    weighted = inputs * weights.unsqueeze(-1) if weights.dim() else inputs
-    gram = weighted.transpose(-1, -2) @ inputs
-    projected = (weighted.transpose(-1, -2) @ targets.unsqueeze(-1)).squeeze(-1)
-    square = (targets * targets * weights).sum(-1)
-    log_noise = torch.zeros_like(square) if noise_variance is None else -weights.log().expand_as(targets).sum(-1)
+    stats = _Statistics.of(inputs, targets, noise_variance)
     prior = torch.as_tensor(prior_variance, dtype=targets.dtype, device=targets.device).expand(targets.shape[0], dim)
     factors = prior_factors.to(targets) if prior_factors is not None else targets.new_ones(1)
     if noise_variance is None:
         scale = targets.pow(2).mean().clamp_min(1e-12)
         noises = scale * torch.logspace(-3, 1, noise_grid_size, dtype=targets.dtype, device=targets.device)
     else:
-        noises = targets.new_ones(1)  # the weights already hold the fixed variances
+        noises = targets.new_ones(1)  # the statistics already hold the fixed variances
     best, best_value = (noises[0], factors[0]), -math.inf
     for noise in noises:
         for factor in factors:
-            precision = gram / noise + torch.diag_embed(1.0 / (factor * prior))
-            chol = cholesky_with_jitter(precision, "evidence_hyperparameters")
-            half = torch.linalg.solve_triangular(chol, (projected / noise).unsqueeze(-1), upper=False).squeeze(-1)
-            log_det = (
-                log_noise
-                + num * noise.log()
-                + (factor * prior).log().sum(-1)
-                + 2.0 * chol.diagonal(dim1=-2, dim2=-1).log().sum(-1)
-            )
-            value = float((-0.5 * (log_det + square / noise - half.pow(2).sum(-1))).sum())
+            value = float(stats.log_marginal(num, factor * prior, noise).sum())
             if value > best_value:
                 best, best_value = (noise, factor), value
     return (best[0] if noise_variance is None else torch.as_tensor(noise_variance)), best[1]

@@ -56,6 +56,7 @@ from pyro import poutine
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from ..distributions.whvi_matrix import base_distribution
 from .assign import LayerGaussian, assign_layer, check_guide
 from .batches import BatchStream
 from .blm import blm_posterior, dirichlet_label_transform, evidence_hyperparameters
@@ -79,9 +80,7 @@ def _normal_prior(fn, shape: torch.Size, site: str, prior_variance: float | str,
     """``(loc, variance)`` of the prior over a site's entries, both of ``shape``."""
     if not isinstance(prior_variance, str):
         return like.new_zeros(shape), like.new_full(shape, float(prior_variance))
-    base = fn
-    while isinstance(base, (dist.Independent, dist.ExpandedDistribution)):
-        base = base.base_dist
+    base = base_distribution(fn)
     if not isinstance(base, dist.Normal):
         raise ValueError(
             f"iblm_: the prior of site {site!r} is {type(base).__name__}, not a Normal; pass prior_variance=<float> "
@@ -169,14 +168,13 @@ def _fit_layer(guide, layer, likelihood, stream, is_output, settings, bar) -> La
         columns = torch.arange(units.start, units.stop) if is_output else torch.randint(0, targets.shape[-1], (count,))
         pick, repeat = torch.arange(count), probe.shape[1]
         t = targets.reshape(count, batch, -1)[pick, :, columns].repeat_interleave(repeat, -1)
-        noise = (
-            None if hetero is None else hetero.reshape(count, batch, -1)[pick, :, columns].repeat_interleave(repeat, -1)
-        )
+        noise = None  # hidden units: a homoscedastic regression on the standardized label column
         if hidden:
             spread = t.std(-1, keepdim=True).clamp_min(1e-12)
             signs = (torch.randint(0, 2, (count, 1)) * 2 - 1).to(t)
             t = (t - t.mean(-1, keepdim=True)) / spread * signs
-            noise = None  # hidden units: a homoscedastic regression on the standardized label column
+        elif hetero is not None:
+            noise = hetero.reshape(count, batch, -1)[pick, :, columns].repeat_interleave(repeat, -1)
         if fixed_bias is not None:
             t = t - fixed_bias[units].to(t).unsqueeze(-1)
         if hyper is None:

@@ -20,6 +20,7 @@ from pyro.nn import PyroModule
 from pyro.poutine.messenger import unwrap
 from torch import Tensor, nn
 
+from ..distributions.whvi_matrix import base_distribution
 from ..infer.model import ReparameterizedModel
 
 __all__ = [
@@ -75,12 +76,6 @@ class Likelihood:
     outputs: int
 
 
-def _unwrap(fn):
-    while isinstance(fn, (dist.Independent, dist.ExpandedDistribution, dist.MaskedDistribution)):
-        fn = fn.base_dist
-    return fn
-
-
 def find_likelihood(trace) -> Likelihood:
     """The model's one observed site and its family, or a ``ValueError`` naming what was found."""
     observed = [
@@ -94,7 +89,7 @@ def find_likelihood(trace) -> Likelihood:
             "call it with the targets, e.g. model(x, y)."
         )
     name, site = observed[0]
-    fn = _unwrap(site["fn"])
+    fn = base_distribution(site["fn"])
     if isinstance(fn, dist.Normal):
         value = site["value"]
         outputs = 1 if value.dim() <= 1 else int(value.shape[-1])
