@@ -1,8 +1,13 @@
 """pyro_whvi: structured variational inference for over-parameterized Pyro and GPyTorch models.
 
 The foundation is :mod:`pyro_whvi.ops`, the fast Walsh–Hadamard transform and the fused WHVI
-product with compiled CPU kernels and a pure-PyTorch reference.
+product with compiled CPU kernels and a pure-PyTorch reference. The GPyTorch side,
+:mod:`pyro_whvi.gp` (random-feature GPs) and :mod:`pyro_whvi.baselines` (SVGP with GPyTorch and
+GPflow), is imported on first access.
 """
+
+import importlib
+from typing import Any
 
 from . import distributions, infer, init, ops
 from .distributions import StructuredDropoutNoise, WHVIMatrix, WHVINormal
@@ -10,6 +15,15 @@ from .infer import AutoVSDGuide, AutoWHVIGuide, KLAnnealing, WHVIReparam, local_
 from .init import iblm_, xavier_normal_
 
 __version__ = "0.1.0.dev0"
+
+_LAZY_SUBMODULES = ("baselines", "gp")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY_SUBMODULES:
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "AutoVSDGuide",
@@ -20,7 +34,9 @@ __all__ = [
     "WHVINormal",
     "WHVIReparam",
     "__version__",
+    "baselines",
     "distributions",
+    "gp",
     "iblm_",
     "infer",
     "init",

@@ -1,18 +1,24 @@
 """Datasets and metrics: UCI regression splits (the standard ``index_train_<k>.txt`` format), the
-WHVI paper's 1-D toy problem, and scikit-learn's bundled digits."""
+WHVI paper's 1-D toy problem, scikit-learn's bundled digits, and the closed-form functions of the
+GP experiment (:mod:`pyro_whvi.data.synthetic`)."""
 
 from .digits import DigitsSplit, load_digits_split
+from .synthetic import SYNTHETIC_FUNCTIONS, SyntheticDataset, SyntheticFunction, make_synthetic_dataset
 from .toy import TOY_GAP, TOY_NOISE_SCALE, toy_function, toy_regression_1d
 from .uci import UCISplit, gaussian_mnll, load_uci_split, num_uci_splits, rmse
 
 __all__ = [
+    "SYNTHETIC_FUNCTIONS",
     "TOY_GAP",
     "TOY_NOISE_SCALE",
     "DigitsSplit",
+    "SyntheticDataset",
+    "SyntheticFunction",
     "UCISplit",
     "gaussian_mnll",
     "load_digits_split",
     "load_uci_split",
+    "make_synthetic_dataset",
     "num_uci_splits",
     "rmse",
     "toy_function",

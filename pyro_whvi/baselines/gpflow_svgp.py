@@ -1,0 +1,202 @@
+r"""Sparse variational GP regression with GPflow, a reference implementation of the SVGP baseline.
+
+Shape letters: ``N`` data points, ``d`` input dimensions, ``M`` inducing points.
+
+:class:`GPflowSVGP` is the same model as :class:`~pyro_whvi.baselines.svgp.GPyTorchSVGP` (whitened,
+ARD squared-exponential kernel, Gaussian noise, same initialization) trained with the same schedule
+and the same minibatch order, so the two libraries can check each other. TensorFlow and GPflow are
+the optional ``[baselines]`` extra and are imported only when a :class:`GPflowSVGP` is built.
+
+Two conventions follow the PyTorch loop of :class:`~pyro_whvi.gp.regressor.TorchGPRegressor`: the
+loss is the negative ELBO divided by ``N`` (Adam is not scale invariant through its epsilon), and
+during the fixed-noise steps the noise takes part in Adam's moment estimates but its value is put
+back after every step, as a PyTorch parameter group with learning rate 0 behaves.
+
+References:
+    J. Hensman, N. Fusi, N. D. Lawrence. *Gaussian Processes for Big Data*. UAI 2013.
+
+    J. Hensman, A. G. de G. Matthews, Z. Ghahramani. *Scalable Variational Gaussian Process
+    Classification*. AISTATS 2015.
+
+    S. Rossi, S. Marmin, M. Filippone. *Walsh-Hadamard Variational Inference for Bayesian Deep
+    Learning*. NeurIPS 2020, App. D.4.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from pyro_whvi.baselines.svgp import (
+    NOISE_VARIANCE_LOWER_BOUND,
+    Covariance,
+    check_inducing_points,
+    svgp_num_variational_parameters,
+)
+from pyro_whvi.gp.regressor import (
+    FitResult,
+    GPInitialization,
+    GPRegressor,
+    GPSchedule,
+    check_regression_data,
+    minibatch_indices,
+)
+
+__all__ = ["GPflowSVGP"]
+
+_MISSING_EXTRA = (
+    "GPflowSVGP needs the optional [baselines] extra: pip install 'pyro_whvi[baselines]' (gpflow, tensorflow-cpu, "
+    "tf-keras)"
+)
+# Adam's epsilon of torch.optim.Adam (Keras defaults to 1e-7).
+_ADAM_EPSILON = 1e-8
+
+
+def _import_gpflow() -> tuple[Any, Any]:
+    """Import TensorFlow and GPflow (legacy Keras 2 optimizers, quiet C++ logging); return ``(tf, gpflow)``."""
+    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    try:
+        import gpflow
+        import tensorflow as tf
+    except ImportError as error:
+        raise ImportError(_MISSING_EXTRA) from error
+    return tf, gpflow
+
+
+def _to_numpy(x: Tensor | np.ndarray) -> np.ndarray:
+    if isinstance(x, Tensor):
+        return x.detach().cpu().to(torch.float64).numpy()
+    return np.asarray(x, dtype=np.float64)
+
+
+class GPflowSVGP(GPRegressor):
+    """Whitened SVGP regression (ARD squared-exponential kernel, Gaussian noise) with GPflow, in float64.
+
+    :param inducing_points: ``(M, d)`` initial inducing inputs, a torch tensor or a NumPy array.
+    :param covariance: ``"full"`` (Cholesky factor) or ``"diagonal"`` (mean field) covariance of ``q(v)``.
+    :param init: initial lengthscale, outputscale and noise standard deviation.
+    :param learn_inducing_locations: optimize the inducing inputs with the other parameters.
+    :raises ImportError: without the ``[baselines]`` extra (GPflow, TensorFlow, tf-keras).
+    """
+
+    name = "svgp-gpflow"
+
+    def __init__(
+        self,
+        inducing_points: Tensor | np.ndarray,
+        covariance: Covariance = "full",
+        init: GPInitialization = GPInitialization(),
+        learn_inducing_locations: bool = True,
+    ) -> None:
+        inducing = torch.as_tensor(_to_numpy(inducing_points))
+        check_inducing_points(inducing, covariance)
+        self._tf, gpflow = _import_gpflow()
+        self.covariance = covariance
+        self.num_inducing, self.input_dim = inducing.shape
+        with gpflow.config.as_context(dataclasses.replace(gpflow.config.config(), float=np.float64)):
+            kernel = gpflow.kernels.SquaredExponential(
+                variance=init.outputscale, lengthscales=[init.lengthscale_for(self.input_dim)] * self.input_dim
+            )
+            likelihood = gpflow.likelihoods.Gaussian(
+                variance=init.noise_std**2, variance_lower_bound=NOISE_VARIANCE_LOWER_BOUND
+            )
+            self.model = gpflow.models.SVGP(
+                kernel=kernel,
+                likelihood=likelihood,
+                inducing_variable=inducing.numpy().copy(),
+                num_data=None,
+                whiten=True,
+                q_diag=covariance == "diagonal",
+            )
+            if covariance == "diagonal":
+                # GPflow keeps diagonal standard deviations positive through a softplus; GPyTorch's mean field
+                # optimizes them unconstrained (only their squares enter). The same parametrization makes Adam
+                # follow the same path in both libraries.
+                self.model.q_sqrt = gpflow.Parameter(np.ones((self.num_inducing, 1)), transform=None)
+        gpflow.set_trainable(self.model.inducing_variable.Z, learn_inducing_locations)
+
+    @property
+    def num_variational_parameters(self) -> int:
+        return svgp_num_variational_parameters(self.num_inducing, self.input_dim, self.covariance)
+
+    @property
+    def noise_variance(self) -> float:
+        """The current Gaussian noise variance."""
+        return float(self.model.likelihood.variance.numpy())
+
+    def _step_function(self, num_data: int, learning_rate: float) -> Callable[[Any, Any, bool], Any]:
+        from gpflow.keras import tf_keras
+
+        tf = self._tf
+        model = self.model
+        optimizer = tf_keras.optimizers.Adam(learning_rate=learning_rate, epsilon=_ADAM_EPSILON)
+        noise = model.likelihood.variance.unconstrained_variable
+        variables = model.trainable_variables
+        if not any(v is noise for v in variables):
+            raise RuntimeError("GPflowSVGP: the likelihood noise variance must be trainable.")
+
+        @tf.function
+        def step(x: Any, y: Any, update_noise: bool) -> Any:
+            before = tf.identity(noise)
+            with tf.GradientTape(watch_accessed_variables=False) as tape:
+                tape.watch(variables)
+                loss = -model.elbo((x, y)) / num_data
+            optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
+            if not update_noise:
+                noise.assign(before)
+            return loss
+
+        return step
+
+    def fit(self, x: Tensor, y: Tensor, schedule: GPSchedule = GPSchedule(), progress: bool = False) -> FitResult:
+        """Maximize the ELBO on ``(x, y)`` (``(N, d)`` and ``(N,)``) with Adam and ``schedule``.
+
+        The minibatches are those of :meth:`TorchGPRegressor.fit` with the same seed.
+        """
+        check_regression_data(x, y, self.input_dim)
+        tf = self._tf
+        x_all, y_all = _to_numpy(x), _to_numpy(y)[:, None]
+        num_data = x_all.shape[0]
+        self.model.num_data = num_data
+        step = self._step_function(num_data, schedule.learning_rate)
+        batches = minibatch_indices(num_data, schedule.batch_size, torch.Generator().manual_seed(schedule.seed))
+        full = (tf.constant(x_all), tf.constant(y_all))
+        result = FitResult()
+        start = time.perf_counter()
+        for index in tqdm(range(schedule.steps), desc=f"fit {self.name}", disable=not progress, leave=False):
+            batch = next(batches)
+            if batch is None:
+                batch_x, batch_y = full
+            else:
+                rows = batch.numpy()
+                batch_x, batch_y = tf.constant(x_all[rows]), tf.constant(y_all[rows])
+            loss = step(batch_x, batch_y, index >= schedule.fixed_noise_steps)
+            result.losses.append(float(loss.numpy()))
+        result.seconds = time.perf_counter() - start
+        return result
+
+    def predict(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """Predictive mean and variance of ``y`` (noise included) at ``(N, d)`` inputs ``x``, float64 ``(N,)``."""
+        check_regression_data(x, input_dim=self.input_dim)
+        mean, variance = self.model.predict_y(_to_numpy(x))
+        return torch.from_numpy(mean.numpy()[:, 0]), torch.from_numpy(variance.numpy()[:, 0])
+
+    def elbo(self, x: Tensor, y: Tensor) -> float:
+        """The ELBO on all of ``(x, y)`` divided by ``N``."""
+        check_regression_data(x, y, self.input_dim)
+        num_data = x.shape[0]
+        previous, self.model.num_data = self.model.num_data, num_data
+        try:
+            value = self.model.elbo((_to_numpy(x), _to_numpy(y)[:, None]))
+        finally:
+            self.model.num_data = previous
+        return float(value.numpy()) / num_data
