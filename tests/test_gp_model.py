@@ -225,3 +225,12 @@ def test_bad_input_gets_specific_errors():
         regressor.fit(torch.full((5, 2), float("nan")), torch.zeros(5))
     with pytest.raises(ValueError, match="targets"):
         regressor.fit(torch.randn(5, 2), torch.zeros(4))
+
+
+def test_the_model_applies_the_kernels_active_dims_and_follows_its_dtype():
+    kernel = RandomFeatureKernel(16, "sorf", active_dims=[0, 2], seed=0).double()
+    model = RandomFeatureGP(kernel, "whvi")
+    assert model.weights.loc.dtype == torch.float64
+    x = torch.randn(6, 3)
+    expected = model.weights.design(kernel.featurize(x[:, [0, 2]])) @ model.weights.loc
+    assert torch.allclose(model(x).mean, expected)

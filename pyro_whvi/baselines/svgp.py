@@ -183,8 +183,8 @@ class GPyTorchSVGP(TorchGPRegressor):
         :param y: ``(B,)`` minibatch targets.
         :param num_data: ``N``, the size of the full training set.
         """
-        check_regression_data(x, y, self.input_dim)
-        # VariationalELBO is already per data point: sum of log-likelihoods / B - KL / N.
+        # VariationalELBO is already per data point: sum of log-likelihoods / B - KL / N. The inputs were
+        # checked by fit/elbo, once, outside the training loop.
         mll = gpytorch.mlls.VariationalELBO(self.likelihood, self.model, num_data=num_data)
         return -mll(self.model(x), y)
 

@@ -76,7 +76,14 @@ def draw_projection(
     shape = (*batch_shape, num_blocks, block_size)
     if projection == "fastfood":
         gaussian = torch.randn(shape, generator=generator, dtype=dtype)
-        chi = torch.randn((*shape, block_size), generator=generator, dtype=dtype).norm(dim=-1)
+        # chi_P lengths as norms of P Gaussians, one block at a time (all at once would hold m * P numbers).
+        chi = torch.stack(
+            [
+                torch.randn((*batch_shape, block_size, block_size), generator=generator, dtype=dtype).norm(dim=-1)
+                for _ in range(num_blocks)
+            ],
+            dim=-2,
+        )
         scale = chi * math.sqrt(block_size) / gaussian.norm(dim=-1, keepdim=True)
         permutation = torch.argsort(torch.rand(shape, generator=generator), dim=-1)
         return {

@@ -122,9 +122,10 @@ class RandomFeatureKernel(Kernel):
             )
         generator = None if self.seed is None else torch.Generator().manual_seed(self.seed)
         dtype = self.raw_lengthscale.dtype
-        tensors = draw_projection(
-            self.projection, self.batch_shape, num_dims, self.num_samples, block_size, dtype, generator
-        )
+        with torch.inference_mode(False):  # buffers drawn under inference_mode could not be trained through later
+            tensors = draw_projection(
+                self.projection, self.batch_shape, num_dims, self.num_samples, block_size, dtype, generator
+            )
         for name, value in tensors.items():
             self.register_buffer(name, value.to(self.raw_lengthscale.device))
         self._num_dims = num_dims
@@ -140,7 +141,9 @@ class RandomFeatureKernel(Kernel):
         # A kernel whose projection is drawn lazily has no buffers yet: make room for the saved ones.
         for name in _BUFFERS[self.projection]:
             if not hasattr(self, name) and prefix + name in state_dict:
-                self.register_buffer(name, torch.empty_like(state_dict[prefix + name]))
+                saved = state_dict[prefix + name]
+                dtype = self.raw_lengthscale.dtype if saved.is_floating_point() else saved.dtype
+                self.register_buffer(name, torch.empty(saved.shape, dtype=dtype, device=self.raw_lengthscale.device))
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def projection_buffers(self) -> dict[str, Tensor]:
@@ -167,6 +170,12 @@ class RandomFeatureKernel(Kernel):
         angles = project(self.projection, x / self.lengthscale, self.projection_buffers(), self.num_samples)
         scale = (self.outputscale / self.num_samples).sqrt()[..., None, None]
         return torch.cat([torch.cos(angles), torch.sin(angles)], dim=-1) * scale
+
+    def feature_map(self, x: Tensor) -> Tensor:
+        """:meth:`featurize` after selecting ``active_dims`` (what :meth:`forward` sees through ``__call__``)."""
+        if self.active_dims is not None:
+            x = x.index_select(-1, self.active_dims)
+        return self.featurize(x)
 
     # GPyTorch's RFFKernel names its feature map `_featurize`; keep the same hook name.
     _featurize = featurize

@@ -89,7 +89,7 @@ class RandomFeatureGP(gpytorch.models.GP):
         else:
             weights = WHVIWeightPosterior(kernel.num_features, covariance, prior_variance)
         # Named like ApproximateGP's attribute so that gpytorch.mlls.VariationalELBO finds the KL.
-        self.variational_strategy = weights
+        self.variational_strategy = weights.to(kernel.raw_lengthscale)
         self.posterior = posterior
 
     @property
@@ -99,7 +99,7 @@ class RandomFeatureGP(gpytorch.models.GP):
     def forward(self, x: Tensor) -> MultivariateNormal:
         if not isinstance(x, Tensor) or x.dim() < 2:
             raise ValueError(f"RandomFeatureGP: inputs must be a (..., N, d) tensor, got {getattr(x, 'shape', x)}.")
-        mean, root = self.weights.mean_and_root(self.covar_module.featurize(x))
+        mean, root = self.weights.mean_and_root(self.covar_module.feature_map(x))
         mean = mean + self.mean_module(x)
         covariance = LowRankRootLinearOperator(root) if root.shape[-1] < root.shape[-2] else RootLinearOperator(root)
         return MultivariateNormal(mean, covariance)
@@ -116,7 +116,7 @@ class RandomFeatureGP(gpytorch.models.GP):
         For WHVI, ``S1`` and ``S2`` are kept and ``q(g)`` is set.
         """
         check_regression_data(x, y)
-        design = self.weights.design(self.covar_module.featurize(x))
+        design = self.weights.design(self.covar_module.feature_map(x))
         self.weights.set_conjugate_(design, y - self.mean_module(x), noise_variance)
 
 
@@ -176,7 +176,7 @@ class RandomFeatureRegressor(TorchGPRegressor):
         # The same quantity as -gpytorch.mlls.VariationalELBO(likelihood, model, num_data)(model(x), y),
         # written out: the closed-form Gaussian expectation needs only the mean and the root's row norms,
         # and skipping the operator machinery takes about a third off a training step.
-        mean, root = self.model.weights.mean_and_root(self.model.covar_module.featurize(x))
+        mean, root = self.model.weights.mean_and_root(self.model.covar_module.feature_map(x))
         mean = mean + self.model.mean_module(x)
         noise = self.likelihood.noise
         expected = -0.5 * torch.log(2 * math.pi * noise) - ((y - mean).pow(2) + root.pow(2).sum(-1)) / (2 * noise)

@@ -115,7 +115,8 @@ class WeightPosterior(gpytorch.Module, ABC):
         variances :math:`1 / \Lambda_{ii}` from the precision :math:`\Lambda` (I-BLM paper App. D).
         """
         precision = design.mT @ design / noise_variance
-        precision = precision + torch.eye(self.latent_dim, dtype=design.dtype) / self.prior_variance
+        eye = torch.eye(self.latent_dim, dtype=design.dtype, device=design.device)
+        precision = precision + eye / self.prior_variance
         cholesky = torch.linalg.cholesky(precision)
         self.loc.copy_(torch.cholesky_solve((design.mT @ y / noise_variance)[:, None], cholesky)[:, 0])
         if self.covariance == "diagonal":
