@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..ops import fwht, next_power_of_two
+from ..ops import fwht, next_power_of_two, whvi_matvec
 
 __all__ = ["PROJECTIONS", "default_block_size", "draw_projection", "project"]
 
@@ -97,6 +97,10 @@ def draw_projection(
     raise ValueError(f"projection must be one of {PROJECTIONS}, got {projection!r}.")
 
 
+def _uses_matmul(num_dims: int, block_size: int) -> bool:
+    return num_dims <= 2 * int(math.log2(block_size))
+
+
 def _first_stage(x: Tensor, signs: Tensor) -> Tensor:
     """``H (signs * pad(x))`` for every block: ``(..., N, d)`` and ``(*b, B, P)`` to ``(..., N, B, P)``.
 
@@ -104,7 +108,7 @@ def _first_stage(x: Tensor, signs: Tensor) -> Tensor:
     columns of ``H`` (one matmul) is cheaper than a transform of the zero-padded ``P`` entries.
     """
     num_dims, (num_blocks, block_size) = x.shape[-1], signs.shape[-2:]
-    if num_dims > 2 * int(math.log2(block_size)):
+    if not _uses_matmul(num_dims, block_size):
         padded = F.pad(x, (0, block_size - num_dims)).unsqueeze(-2)
         return fwht(padded * signs.unsqueeze(-3))
     rows = fwht(torch.eye(num_dims, block_size, dtype=x.dtype, device=x.device))  # H[:d, :]
@@ -135,10 +139,17 @@ def project(projection: str, x: Tensor, buffers: dict[str, Tensor], num_samples:
         h = fwht(h * blockwise("fastfood_gaussian"))
         h = h * blockwise("fastfood_scale")
     elif projection == "sorf":
+        # sqrt(P) H D1 H D2 H D3 x: the last two transforms and three diagonals as one fused WHVI product.
         signs = buffers["sorf_signs"]  # (*b, B, 3, P)
-        h = _first_stage(x * math.sqrt(signs.shape[-1]), signs[..., 2, :])
-        h = fwht(h * signs[..., 1, :].unsqueeze(-3))
-        h = fwht(h * signs[..., 0, :].unsqueeze(-3))
+        d1, d2, d3 = (signs[..., i, :].unsqueeze(-3) for i in range(3))
+        block_size = signs.shape[-1]
+        if _uses_matmul(x.shape[-1], block_size):
+            h = _first_stage(x * math.sqrt(block_size), signs[..., 2, :])
+            h = whvi_matvec(h, torch.ones_like(d1), d1, d2)
+        else:
+            padded = F.pad(x, (0, block_size - x.shape[-1])).unsqueeze(-2)
+            shape = torch.broadcast_shapes(padded.shape, d1.shape)
+            h = fwht(whvi_matvec(padded.expand(shape), d1 * math.sqrt(block_size), d2, d3))
     else:
         raise ValueError(f"projection must be one of {PROJECTIONS}, got {projection!r}.")
     return h.flatten(-2)[..., :num_samples]
