@@ -89,3 +89,19 @@ def test_zero_rows(backend):
     x = torch.randn(0, 8)
     s1, g, s2 = torch.randn(3, 8).unbind(0)
     assert ops.whvi_matvec(x, s1, g, s2).shape == (0, 8)
+
+
+@pytest.mark.parametrize("g_layout", ["shared", "stacked"])
+def test_input_only_gradient_is_the_transposed_product(backend, g_layout):
+    # Fixed diagonals (random-feature projections): the backward takes the W^T shortcut.
+    size = 32
+    x = torch.randn(5, 3, size, requires_grad=True)
+    s1, s2 = torch.randn(3, size), torch.randn(size)
+    g = torch.randn(size) if g_layout == "shared" else torch.randn(3, size)
+    grad = torch.randn(5, 3, size)
+    ops.whvi_matvec(x, s1, g, s2).backward(grad)
+    weight = dense_weight(torch.ones(size), g, torch.ones(size)) if g_layout == "shared" else None
+    if weight is not None:
+        expected = ((grad * s1) @ weight) * s2  # x_bar = S2 W_0^T S1 grad, W_0 = H diag(g) H symmetric
+        torch.testing.assert_close(x.grad, expected)
+    assert torch.autograd.gradcheck(lambda v: ops.whvi_matvec(v, s1, g, s2), x.detach().clone().requires_grad_())
