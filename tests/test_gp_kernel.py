@@ -190,3 +190,17 @@ def test_a_float32_state_dict_loads_into_a_float64_lazy_kernel():
     target.load_state_dict(source.state_dict())
     assert target.fastfood_gaussian.dtype == torch.float64 and target.fastfood_permutation.dtype == torch.int64
     assert torch.allclose(target(torch.randn(4, 2)).to_dense().diagonal(), torch.ones(4))
+
+
+def test_fourier_features_match_the_composition_and_pass_gradcheck():
+    from pyro_whvi.gp.features import fourier_features
+
+    angles = torch.randn(2, 5, 7, requires_grad=True)
+    scale = torch.rand(2, 1, 1).add(0.5).requires_grad_()
+    expected = torch.cat([angles.cos(), angles.sin()], -1) * scale
+    assert torch.allclose(fourier_features(angles, scale), expected)
+    assert torch.autograd.gradcheck(fourier_features, (angles, scale))
+    unbatched = torch.randn(5, 7, requires_grad=True)  # broadcast against a batched scale
+    assert torch.autograd.gradcheck(fourier_features, (unbatched, scale))
+    with torch.no_grad():
+        assert torch.allclose(fourier_features(angles, scale), expected)

@@ -21,7 +21,7 @@ from gpytorch.models import exact_prediction_strategies
 from linear_operator.operators import LowRankRootLinearOperator, MatmulLinearOperator, RootLinearOperator
 from torch import Tensor
 
-from .features import PROJECTIONS, default_block_size, draw_projection, project
+from .features import PROJECTIONS, default_block_size, draw_projection, fourier_features, project
 
 __all__ = ["RandomFeatureKernel"]
 
@@ -169,7 +169,7 @@ class RandomFeatureKernel(Kernel):
             )
         angles = project(self.projection, x / self.lengthscale, self.projection_buffers(), self.num_samples)
         scale = (self.outputscale / self.num_samples).sqrt()[..., None, None]
-        return torch.cat([torch.cos(angles), torch.sin(angles)], dim=-1) * scale
+        return fourier_features(angles, scale)
 
     def feature_map(self, x: Tensor) -> Tensor:
         """:meth:`featurize` after selecting ``active_dims`` (what :meth:`forward` sees through ``__call__``)."""
