@@ -498,6 +498,11 @@ class WhviMatvecFunction : public torch::autograd::Function<WhviMatvecFunction> 
       const at::Tensor w = call_fwht(s1 * dy, true), z = call_fwht(g * w, true);
       return {s2 * z, at::sum_to(dy * v, s1.sizes()), at::sum_to(w * u, g.sizes()), at::sum_to(x * z, s2.sizes())};
     }
+    if (!ctx->needs_input_grad(1) && !ctx->needs_input_grad(2) && !ctx->needs_input_grad(3)) {
+      // Only x needs a gradient (fixed random diagonals, e.g. SORF features): W^T = S2 H diag(g) H S1
+      // is one fused product, two transforms instead of the four the diagonals' gradients need.
+      return {call_whvi_matvec(grads[0].contiguous(), s2, g, s1), at::Tensor(), at::Tensor(), at::Tensor()};
+    }
     auto [dx, ds1, dg, ds2] = call_whvi_matvec_backward(grads[0], x, s1, g, s2);
     return {dx, ds1, dg, ds2};
   }

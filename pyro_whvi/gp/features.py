@@ -186,10 +186,13 @@ class _FourierFeatures(torch.autograd.Function):
         num = out.shape[-1] // 2
         grad_angles = grad_scale = None
         if ctx.needs_input_grad[0]:
-            grad_angles = out[..., :num] * grad[..., num:] - out[..., num:] * grad[..., :num]
+            grad_angles = torch.addcmul(out[..., :num] * grad[..., num:], out[..., num:], grad[..., :num], value=-1)
             grad_angles = grad_angles.sum_to_size(ctx.angles_shape)
         if ctx.needs_input_grad[1]:
-            grad_scale = ((out * grad).sum(-1, keepdim=True) / scale).sum_to_size(scale.shape)
+            if scale.numel() == 1:  # one BLAS dot instead of materializing out * grad
+                grad_scale = (torch.dot(out.reshape(-1), grad.reshape(-1)) / scale).reshape(scale.shape)
+            else:
+                grad_scale = (torch.linalg.vecdot(out, grad).unsqueeze(-1) / scale).sum_to_size(scale.shape)
         return grad_angles, grad_scale
 
 
