@@ -134,7 +134,7 @@ def project(projection: str, x: Tensor, buffers: dict[str, Tensor], num_samples:
         if permutation.dim() == 2:  # no kernel batch: one gather over the flattened blocks is much faster
             offsets = torch.arange(0, permutation.numel(), permutation.shape[-1], device=permutation.device)
             flat = (permutation + offsets[:, None]).flatten()
-            h = h.flatten(-2).index_select(-1, flat).unflatten(-1, permutation.shape)
+            h = _Permute.apply(h.flatten(-2), flat).unflatten(-1, permutation.shape)
         else:
             h = torch.take_along_dim(h, blockwise("fastfood_permutation").expand(*h.shape[:-2], -1, -1), dim=-1)
         h = fwht(h * blockwise("fastfood_gaussian"))
@@ -154,6 +154,21 @@ def project(projection: str, x: Tensor, buffers: dict[str, Tensor], num_samples:
     else:
         raise ValueError(f"projection must be one of {PROJECTIONS}, got {projection!r}.")
     return h.flatten(-2)[..., :num_samples]
+
+
+class _Permute(torch.autograd.Function):
+    """``x[..., index]`` for a permutation ``index``, whose backward is the inverse permutation (a gather,
+    much cheaper than the scatter-add ``index_select`` backward uses)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, index: Tensor) -> Tensor:
+        ctx.save_for_backward(index)
+        return x.index_select(-1, index)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
+        (index,) = ctx.saved_tensors
+        return grad.index_select(-1, torch.argsort(index)), None
 
 
 def _fourier(angles: Tensor, scale: Tensor) -> Tensor:
