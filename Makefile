@@ -22,8 +22,10 @@ install-dev: $(BIN)/python
 build-kernels:
 	$(BIN)/python -m pyro_whvi.ops.build
 
-# The main job: for now the FWHT benchmark in quick mode (table, JSON/CSV and plot in benchmarks/results).
+# The main job: `whvi demo` (1-D toy regression and digits with WHVI, NF-WHVI, MFG and MC dropout;
+# table, predictive bands and reliability diagrams in ./whvi_demo), then the FWHT benchmark in quick mode.
 demo: install build-kernels
+	$(BIN)/whvi demo --out whvi_demo
 	$(BIN)/python benchmarks/fwht.py --quick
 
 lint:

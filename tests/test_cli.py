@@ -1,0 +1,45 @@
+"""The ``whvi`` command line: ``whvi demo`` end to end on tiny settings, ``--help``, one-line errors."""
+
+from __future__ import annotations
+
+import json
+
+from .helpers import run_python
+
+
+def _whvi(*args: str):
+    return run_python(f"import sys; from pyro_whvi.cli import main; sys.exit(main({list(args)!r}))", MPLBACKEND="Agg")
+
+
+def test_demo_writes_its_table_and_plots(tmp_path):
+    out = tmp_path / "demo"
+    result = _whvi("demo", "--out", str(out), "--toy-steps", "20", "--digits-steps", "20", "--samples", "8")
+    assert result.returncode == 0, result.stderr[-3000:]
+    record = json.loads((out / "demo_results.json").read_text())["results"]
+    assert set(record) == {"whvi", "nf-whvi", "mfg", "mcd"}
+    for metrics in record.values():
+        assert 0 <= metrics["digits_error"] <= 1 and metrics["toy_sd_in_gap"] > 0
+    assert (out / "demo_toy_bands.png").is_file() and (out / "demo_reliability.png").is_file()
+    assert "| WHVI |" in (out / "demo_results.md").read_text() and "| WHVI |" in result.stdout
+
+
+def test_python_dash_m_and_help():
+    result = run_python("import runpy; runpy.run_module('pyro_whvi', run_name='__main__')")
+    assert result.returncode == 2 and "COMMAND" in result.stderr  # a command is required
+    result = _whvi("demo", "--help")
+    assert result.returncode == 0 and "--toy-steps" in result.stdout
+
+
+def test_bad_arguments_get_one_line_errors(tmp_path):
+    for args, message in (
+        (("demo", "--methods", "whvi,bbb"), "unknown methods ['bbb']"),
+        (("demo", "--toy-steps", "0"), "expected a positive integer"),
+        (("frobnicate",), "invalid choice"),
+    ):
+        result = _whvi(*args)
+        assert result.returncode == 2 and message in result.stderr
+        assert "Traceback" not in result.stderr
+    not_a_folder = tmp_path / "file"
+    not_a_folder.write_text("")
+    result = _whvi("demo", "--out", str(not_a_folder))
+    assert result.returncode == 2 and "is not a folder" in result.stderr and "Traceback" not in result.stderr
