@@ -43,3 +43,32 @@ def test_bad_arguments_get_one_line_errors(tmp_path):
     not_a_folder.write_text("")
     result = _whvi("demo", "--out", str(not_a_folder))
     assert result.returncode == 2 and "is not a folder" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_gp_runs_the_gp_experiment(tmp_path):
+    result = _whvi(
+        "gp",
+        "--functions",
+        "otlcircuit",
+        "--methods",
+        "rf,rf-whvi,svgp-gpytorch",
+        "--covariances",
+        "diagonal",
+        "--blocks",
+        "4",
+        "--num-points",
+        "100",
+        "--steps",
+        "3",
+        "--batch-size",
+        "16",
+        "--out",
+        str(tmp_path),
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = json.loads((tmp_path / "gp_rf_vs_inducing.json").read_text())["results"]
+    assert {r["method"] for r in rows} == {"rf", "rf-whvi", "svgp-gpytorch"}
+    assert (tmp_path / "gp_rf_vs_inducing.png").is_file() and "RF-WHVI better in" in result.stdout
+    result = _whvi("gp", "--blocks", "6")
+    assert result.returncode == 2 and "--blocks must be powers of two" in result.stderr
+    assert "Traceback" not in result.stderr
