@@ -113,3 +113,32 @@ def test_toy_regression_script_runs(tmp_path):
     result = json.loads((tmp_path / "toy_regression.json").read_text())
     assert set(result["results"]) == {"WHVI", "NF-WHVI", "mean-field"}
     assert (tmp_path / "toy_regression.png").stat().st_size > 0
+
+
+def test_sklearn_diabetes_split_is_standardized_on_train():
+    from pyro_whvi.data import load_diabetes_split
+
+    split = load_diabetes_split(split=3)
+    assert split.x_train.shape == (398, 10) and split.x_test.shape == (44, 10)
+    assert torch.allclose(split.x_train.mean(0), torch.zeros(10), atol=1e-10)
+    assert torch.allclose(split.x_train.std(0, unbiased=False), torch.ones(10))
+    assert abs(split.y_train.mean().item()) < 1e-10 and abs(split.y_train.std(unbiased=False).item() - 1) < 1e-10
+    raw = torch.cat([split.y_train, split.y_test]) * split.y_std + split.y_mean
+    from sklearn.datasets import load_diabetes
+
+    assert torch.allclose(raw.sort().values, torch.as_tensor(load_diabetes().target).sort().values.to(raw))
+    again, other = load_diabetes_split(split=3), load_diabetes_split(split=4)
+    assert torch.equal(again.x_test, split.x_test) and not torch.equal(other.x_test, split.x_test)
+
+
+def test_sklearn_breast_cancer_split():
+    from pyro_whvi.data import load_breast_cancer_split
+
+    split = load_breast_cancer_split(seed=1)
+    assert split.x_train.shape[1] == 30 and split.x_train.shape[0] + split.x_test.shape[0] == 569
+    assert split.y_train.dtype == torch.long and set(split.y_train.unique().tolist()) == {0, 1}
+    assert torch.allclose(split.x_train.mean(0), torch.zeros(30), atol=1e-10)
+    with pytest.raises(ValueError, match="test_fraction"):
+        load_breast_cancer_split(test_fraction=1.5)
+    with pytest.raises(ValueError, match="non-negative integer"):
+        load_breast_cancer_split(seed=-1)

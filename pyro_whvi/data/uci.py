@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["UCISplit", "gaussian_mnll", "load_uci_split", "num_uci_splits", "rmse"]
+__all__ = ["UCISplit", "gaussian_mnll", "load_uci_split", "num_uci_splits", "rmse", "standardized_split"]
 
 _REQUIRED = ("data.txt", "index_features.txt", "index_target.txt")
 
@@ -75,7 +75,14 @@ def load_uci_split(directory: str | Path, split: int, dtype: torch.dtype | None 
             raise ValueError(
                 f"{directory}: split {split} {name} indices fall outside the {len(data)} rows of data.txt."
             )
-    x, y = data[:, features], data[:, target]
+    return standardized_split(data[:, features], data[:, target], train, test, dtype)
+
+
+def standardized_split(
+    x: np.ndarray, y: np.ndarray, train: np.ndarray, test: np.ndarray, dtype: torch.dtype | None = None
+) -> UCISplit:
+    """Split rows ``train``/``test`` of ``(N, D)`` inputs and ``(N,)`` targets, both standardized with the
+    training rows' mean and standard deviation (constant columns are left unscaled)."""
     x_mean, x_std = x[train].mean(0), x[train].std(0)
     x_std[x_std == 0] = 1.0
     y_mean, y_std = float(y[train].mean()), float(y[train].std()) or 1.0
