@@ -3,14 +3,16 @@ style log-log plots."""
 
 from __future__ import annotations
 
-import csv
-import json
 import platform
 import sys
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from pyro_whvi._results import save_tables
+
+__all__ = ["environment", "report_saved", "save_figure", "save_tables", "style_log_axes"]
 
 
 def environment(**extra: Any) -> dict[str, Any]:
@@ -23,17 +25,6 @@ def environment(**extra: Any) -> dict[str, Any]:
         "processor": platform.processor(),
         **extra,
     }
-
-
-def save_tables(out: Path, stem: str, meta: dict[str, Any], rows: list[dict[str, Any]], text: str) -> None:
-    """Write ``stem.json`` (meta and rows), ``stem.csv`` (rows) and ``stem.md`` (``text``) to ``out``."""
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{stem}.json").write_text(json.dumps({"meta": meta, "results": rows}, indent=2))
-    with open(out / f"{stem}.csv", "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    (out / f"{stem}.md").write_text(text + "\n")
 
 
 def style_log_axes(ax: Any, xlabel: str, title: str) -> None:

@@ -13,8 +13,6 @@ References:
 from __future__ import annotations
 
 import argparse
-import csv
-import json
 import math
 import statistics
 from pathlib import Path
@@ -22,6 +20,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from .._results import save_tables
 from ..baselines import GPyTorchSVGP, inducing_points_for_parameters, initial_inducing_points
 from ..data.synthetic import SYNTHETIC_FUNCTIONS, make_synthetic_dataset
 from .model import RandomFeatureRegressor
@@ -254,12 +253,6 @@ def finish_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) 
 def save(rows: list[dict], args: argparse.Namespace, meta: dict) -> str:
     """Write ``<stem>.{json,csv,md,png}`` to ``args.out``; returns the markdown summary."""
     text = summarize(rows, args)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{args.stem}.json").write_text(json.dumps({"meta": meta, "results": rows}, indent=2))
-    with open(args.out / f"{args.stem}.csv", "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    (args.out / f"{args.stem}.md").write_text(text + "\n")
+    save_tables(args.out, args.stem, meta, rows, text)
     plot(rows, args.out / f"{args.stem}.png", args)
     return text
