@@ -174,8 +174,9 @@ class RandomFeatureRegressor(TorchGPRegressor):
 
     def negative_elbo(self, x: Tensor, y: Tensor, num_data: int) -> Tensor:
         # The same quantity as -gpytorch.mlls.VariationalELBO(likelihood, model, num_data)(model(x), y),
-        # written out: the closed-form Gaussian expectation needs only the mean and the root's row norms,
-        # and skipping the operator machinery takes about a third off a training step.
+        # written out: the closed-form Gaussian expectation needs only the mean and the root's row norms.
+        # Skipping the operator machinery saves about 0.35 ms of a 2 ms step at N_RF = 256 (float32,
+        # batch 256); at N_RF = 4096 the difference is within the timing noise.
         mean, root = self.model.weights.mean_and_root(self.model.covar_module.feature_map(x))
         mean = mean + self.model.mean_module(x)
         noise = self.likelihood.noise
