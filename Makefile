@@ -26,7 +26,7 @@ build-kernels:
 # table, predictive bands and reliability diagrams in ./whvi_demo), then the FWHT benchmark in quick mode.
 demo: install build-kernels
 	$(BIN)/whvi demo --out whvi_demo
-	$(BIN)/python benchmarks/fwht.py --quick
+	$(BIN)/whvi bench fwht --quick
 
 lint:
 	$(BIN)/ruff check pyro_whvi tests benchmarks tutorials
@@ -37,8 +37,9 @@ lint:
 test: install-dev build-kernels lint
 	PYRO_WHVI_REQUIRE_COMPILED=1 $(BIN)/python -m pytest
 
-bench: install build-kernels
-	$(BIN)/python benchmarks/fwht.py
+# All speed benchmarks (fwht, svi, vsd, gp), full size: results and plots in benchmarks/results.
+bench: install-dev build-kernels
+	$(BIN)/whvi bench all
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache

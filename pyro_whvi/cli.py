@@ -1,7 +1,9 @@
 """The ``whvi`` command line (also ``python -m pyro_whvi``).
 
     whvi demo [--out DIR] [--methods whvi,nf-whvi,mfg,mcd] [--toy-steps N] [--digits-steps N]
+    whvi uci [--data-dir DIR | --dataset diabetes] [--methods mfg,mcd,whvi] [--splits 0-4] [--steps N] ...
     whvi gp [--quick] [--functions ...] [--methods rf,rf-whvi,svgp-gpytorch,svgp-gpflow] [--out DIR]
+    whvi bench [fwht,svi,vsd,gp] [--quick] [--out DIR]
 
 Bad arguments get a one-line error (exit status 2), not a traceback.
 """
@@ -52,6 +54,7 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--digits-steps", type=_positive, default=DemoConfig.digits_steps, help="SVI steps on digits")
     demo.add_argument("--samples", type=_positive, default=DemoConfig.samples, help="posterior samples to predict")
     demo.add_argument("--seed", type=int, default=0)
+    _add_uci(commands)
     gp = commands.add_parser(
         "gp",
         help="random-feature GPs (RF, RF-WHVI) vs inducing points (SVGP) at matched parameter counts",
@@ -64,7 +67,168 @@ def _parser() -> argparse.ArgumentParser:
 
     add_arguments(gp, Path("whvi_gp"))
     gp.set_defaults(subparser=gp)  # finish_arguments reports bad values through the subcommand's parser
+    _add_bench(commands)
     return parser
+
+
+def _add_bench(commands) -> None:
+    from .bench import BENCHMARKS
+
+    bench = commands.add_parser(
+        "bench",
+        help="speed benchmarks (fwht, svi, vsd, gp): ratios against a baseline measured in the same run",
+        description=(
+            "Run the speed benchmarks of the source checkout's benchmarks/ folder: fwht (FWHT and the fused WHVI "
+            "product vs dense matmul), svi (SVI step, WHVI vs AutoNormal), vsd (VSD epoch vs the deterministic "
+            "network), gp (structured vs dense random features, RF-WHVI vs SVGP steps)."
+        ),
+    )
+    bench.add_argument(
+        "names", nargs="?", default="fwht", help=f"comma-separated, from {','.join(BENCHMARKS)} or all (default fwht)"
+    )
+    bench.add_argument("--quick", action="store_true", help="fewer sizes and repeats")
+    bench.add_argument("--out", type=Path, help="output folder (default: each script's, benchmarks/results)")
+    bench.add_argument("--benchmarks", type=Path, help="the benchmarks/ folder (default: the source checkout's)")
+    bench.set_defaults(subparser=bench)
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from .bench import BENCHMARKS, find_benchmarks, run_benchmark
+
+    names = list(BENCHMARKS) if args.names == "all" else [n for n in args.names.split(",") if n]
+    unknown = sorted(set(names) - set(BENCHMARKS))
+    if unknown or not names:
+        args.subparser.error(f"unknown benchmarks {unknown}; choose from {','.join(BENCHMARKS)} or all")
+    try:
+        directory = find_benchmarks(args.benchmarks)
+    except FileNotFoundError as error:
+        args.subparser.error(str(error))
+    for name in names:
+        print(f"== whvi bench {name}", flush=True)
+        run_benchmark(name, directory, quick=args.quick, out=args.out)
+    return 0
+
+
+def _nonnegative(text: str) -> int:
+    return _positive(text) if text != "0" else 0
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return value
+
+
+def _uci_methods(text: str) -> tuple[str, ...]:
+    from .methods import parse_method
+
+    methods = tuple(m.strip() for m in text.split(",") if m.strip())
+    if not methods:
+        raise argparse.ArgumentTypeError("expected comma-separated methods, e.g. mfg,mcd,whvi")
+    try:
+        return tuple(parse_method(m).name for m in methods)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _splits(text: str) -> tuple[int, ...]:
+    from .uci import parse_splits
+
+    try:
+        return parse_splits(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _add_uci(commands) -> None:
+    from .methods import BASE_METHODS, Schedule
+    from .uci import BUNDLED_DATASETS, UCIConfig
+
+    uci = commands.add_parser(
+        "uci",
+        help="Bayesian MLPs on UCI-format regression splits or bundled scikit-learn sets; resumable",
+        description=(
+            "Train a Bayesian MLP with each method on each split and report test RMSE/MNLL (regression, original "
+            "units) or error/NLL/ECE/entropy (classification), mean ± standard error over splits. Finished splits "
+            "are read back from OUT/runs instead of being trained again. Methods: "
+            + ", ".join(BASE_METHODS)
+            + ", each optionally with +iblm (I-BLM initialization). The defaults are the WHVI paper's set-up "
+            "(App. D.1: 2x128 ReLU, batch 64, Adam 1e-3 decayed, noise fixed for 500 steps) with fewer steps."
+        ),
+    )
+    source = uci.add_mutually_exclusive_group()
+    source.add_argument("--data-dir", type=Path, help="a dataset directory in the UCI split format")
+    source.add_argument("--dataset", choices=BUNDLED_DATASETS, help="a bundled scikit-learn set (default diabetes)")
+    defaults, schedule = UCIConfig(), Schedule()
+    uci.add_argument(
+        "--methods", type=_uci_methods, default=defaults.methods, help="comma-separated (default mfg,mcd,whvi)"
+    )
+    uci.add_argument("--splits", type=_splits, default=defaults.splits, help="e.g. 0-4 or 0,3,7 (default 0-4)")
+    uci.add_argument("--steps", type=_positive, default=schedule.steps, help=f"SVI steps (default {schedule.steps})")
+    uci.add_argument(
+        "--fixed-noise-steps",
+        type=_nonnegative,
+        default=schedule.fixed_noise_steps,
+        help=f"first steps with the noise scale fixed (default {schedule.fixed_noise_steps})",
+    )
+    uci.add_argument("--batch-size", type=_positive, default=schedule.batch_size, help="minibatch size (default 64)")
+    uci.add_argument("--lr", type=_positive_float, default=schedule.lr, help="Adam's initial learning rate")
+    uci.add_argument("--hidden", type=_positive, default=defaults.hidden, help="hidden units per layer (default 128)")
+    uci.add_argument("--layers", type=_nonnegative, default=defaults.layers, help="hidden layers (default 2)")
+    uci.add_argument("--samples", type=_positive, default=defaults.samples, help="test-time posterior samples")
+    uci.add_argument(
+        "--dropout", type=_positive_float, default=defaults.dropout, help="MC dropout rate (default 0.005)"
+    )
+    uci.add_argument("--flows", type=_positive, default=defaults.flows, help="planar flows of nf-whvi (default 3)")
+    uci.add_argument("--reflections", type=_nonnegative, default=defaults.reflections, help="VSD's Householder T")
+    uci.add_argument("--seed", type=_nonnegative, default=defaults.seed)
+    uci.add_argument("--threads", type=_positive, help="torch threads (default: torch's choice)")
+    uci.add_argument("--out", type=Path, default=Path("whvi_uci"), help="output folder (default ./whvi_uci)")
+    uci.set_defaults(subparser=uci)
+
+
+def _uci(args: argparse.Namespace) -> int:
+    import torch
+
+    from .methods import Schedule
+    from .uci import UCIConfig, check_source, run_uci
+
+    source = args.data_dir if args.data_dir is not None else (args.dataset or "diabetes")
+    if args.out.exists() and not args.out.is_dir():
+        args.subparser.error(f"--out {args.out} exists and is not a folder")
+    try:
+        if args.dropout >= 1:
+            raise ValueError(f"--dropout must be below 1, got {args.dropout}")
+        config = UCIConfig(
+            methods=args.methods,
+            splits=args.splits,
+            schedule=Schedule(
+                steps=args.steps,
+                fixed_noise_steps=args.fixed_noise_steps,
+                batch_size=args.batch_size,
+                lr=args.lr,
+            ),
+            hidden=args.hidden,
+            layers=args.layers,
+            samples=max(2, args.samples),
+            dropout=args.dropout,
+            flows=args.flows,
+            reflections=args.reflections,
+            seed=args.seed,
+        )
+        check_source(source, config.splits)
+    except (ValueError, FileNotFoundError) as error:
+        args.subparser.error(str(error))
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    _, text = run_uci(source, config, args.out)
+    print("\n" + text)
+    print(f"\nwrote {args.out}/uci_{Path(str(source)).name}.{{json,csv,md}}")
+    return 0
 
 
 def _gp(args: argparse.Namespace) -> int:
@@ -101,6 +265,10 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "gp":
         return _gp(args)
+    if args.command == "uci":
+        return _uci(args)
+    if args.command == "bench":
+        return _bench(args)
     if args.command == "demo":
         if args.out.exists() and not args.out.is_dir():
             print(f"whvi demo: --out {args.out} exists and is not a folder", file=sys.stderr)

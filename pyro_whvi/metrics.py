@@ -1,7 +1,8 @@
 r"""Predictive metrics as plain functions of Monte-Carlo predictive samples.
 
 Shape letters: ``S`` posterior samples, ``N`` test points, ``C`` classes.
-Regression metrics (:func:`~pyro_whvi.data.rmse`, :func:`~pyro_whvi.data.gaussian_mnll`) live with the UCI loader.
+The regression metrics :func:`rmse` and :func:`gaussian_mnll` are defined with the UCI loader
+(:mod:`pyro_whvi.data.uci`) and re-exported here.
 """
 
 from __future__ import annotations
@@ -11,13 +12,18 @@ import math
 import torch
 from torch import Tensor
 
+from .data.uci import gaussian_mnll, rmse
+
 __all__ = [
     "categorical_nll",
     "error_rate",
     "expected_calibration_error",
+    "gaussian_mnll",
+    "mean_and_standard_error",
     "predictive_entropy",
     "predictive_probs",
     "reliability_diagram",
+    "rmse",
 ]
 
 
@@ -74,3 +80,15 @@ def predictive_entropy(logits: Tensor) -> Tensor:
     """Entropy of the predictive distribution per test point, ``(N,)``."""
     probs = predictive_probs(logits)
     return -(probs * probs.clamp_min(1e-30).log()).sum(-1)
+
+
+def mean_and_standard_error(values) -> tuple[float, float]:
+    """Mean and standard error (sample standard deviation / sqrt(n)) of per-split results; 0 for one value."""
+    values = [float(v) for v in values]
+    if not values:
+        raise ValueError("mean_and_standard_error: no values.")
+    mean = math.fsum(values) / len(values)
+    if len(values) == 1:
+        return mean, 0.0
+    variance = math.fsum((v - mean) ** 2 for v in values) / (len(values) - 1)
+    return mean, math.sqrt(variance / len(values))

@@ -89,3 +89,18 @@ def uci_directory(path):
     np.savetxt(path / "index_train_0.txt", np.arange(50), fmt="%d")
     np.savetxt(path / "index_test_0.txt", np.arange(50, 60), fmt="%d")
     return path
+
+
+def write_uci(directory, rows=40, features=3, splits=2, seed=0):
+    """A random dataset in the UCI split format (90/10 splits) in ``directory``; returns its ``data.txt`` array."""
+    rng = np.random.default_rng(seed)
+    data = rng.normal(size=(rows, features + 1)) * [1.0, 2.0, 3.0, 1.0][: features + 1] + 5.0
+    directory.mkdir(parents=True, exist_ok=True)
+    np.savetxt(directory / "data.txt", data)
+    np.savetxt(directory / "index_features.txt", np.arange(features), fmt="%d")
+    np.savetxt(directory / "index_target.txt", [features], fmt="%d")
+    for split in range(splits):
+        order = rng.permutation(rows)
+        np.savetxt(directory / f"index_train_{split}.txt", order[: rows * 9 // 10], fmt="%d")
+        np.savetxt(directory / f"index_test_{split}.txt", order[rows * 9 // 10 :], fmt="%d")
+    return data

@@ -72,3 +72,26 @@ def test_gp_runs_the_gp_experiment(tmp_path):
     result = _whvi("gp", "--blocks", "6")
     assert result.returncode == 2 and "--blocks must be powers of two" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_bench_runs_each_script_with_its_quick_flags(tmp_path):
+    from pyro_whvi.bench import BENCHMARKS, QUICK_FLAGS
+
+    for script in BENCHMARKS.values():  # stand-ins that record how they were called
+        (tmp_path / script).write_text(
+            "import json, sys, pathlib\n"
+            "pathlib.Path(sys.argv[0]).with_suffix('.called').write_text(json.dumps(sys.argv[1:]))\n"
+        )
+    result = _whvi("bench", "all", "--quick", "--benchmarks", str(tmp_path), "--out", str(tmp_path / "out"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    for name, script in BENCHMARKS.items():
+        called = json.loads((tmp_path / script).with_suffix(".called").read_text())
+        assert called == [*QUICK_FLAGS[name], "--out", str(tmp_path / "out")]
+    result = _whvi("bench", "fwht", "--benchmarks", str(tmp_path / "nowhere"))
+    assert result.returncode == 2 and "no benchmark scripts in" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_bench_finds_the_checkout_scripts():
+    from pyro_whvi.bench import find_benchmarks
+
+    assert (find_benchmarks() / "fwht.py").is_file()

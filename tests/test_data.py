@@ -20,21 +20,7 @@ from pyro_whvi.data import (
     toy_regression_1d,
 )
 
-from .helpers import ROOT
-
-
-def write_uci(directory, rows=40, features=3, splits=2, seed=0):
-    rng = np.random.default_rng(seed)
-    data = rng.normal(size=(rows, features + 1)) * [1.0, 2.0, 3.0, 1.0][: features + 1] + 5.0
-    directory.mkdir(parents=True, exist_ok=True)
-    np.savetxt(directory / "data.txt", data)
-    np.savetxt(directory / "index_features.txt", np.arange(features), fmt="%d")
-    np.savetxt(directory / "index_target.txt", [features], fmt="%d")
-    for split in range(splits):
-        order = rng.permutation(rows)
-        np.savetxt(directory / f"index_train_{split}.txt", order[: rows * 9 // 10], fmt="%d")
-        np.savetxt(directory / f"index_test_{split}.txt", order[rows * 9 // 10 :], fmt="%d")
-    return data
+from .helpers import ROOT, write_uci
 
 
 def test_uci_split_is_standardized_with_training_statistics(tmp_path):
@@ -99,12 +85,13 @@ def _load_script(name):
 
 def test_uci_regression_script_runs(tmp_path):
     write_uci(tmp_path / "tiny", rows=30)
-    args = ["--data-dir", str(tmp_path / "tiny"), "--splits", "2", "--steps", "3", "--hidden", "8"]
-    args += ["--methods", "whvi,nf-whvi,mean-field", "--samples", "4", "--out", str(tmp_path / "out")]
-    _load_script("uci_regression").main(args)
+    args = ["--data-dir", str(tmp_path / "tiny"), "--splits", "0-1", "--steps", "3", "--hidden", "8"]
+    args += ["--methods", "whvi,nf-whvi,mfg", "--samples", "4", "--out", str(tmp_path / "out")]
+    assert _load_script("uci_regression").main(args) == 0
     result = json.loads((tmp_path / "out" / "uci_tiny.json").read_text())
-    assert {row["method"] for row in result["rows"]} == {"whvi", "nf-whvi", "mean-field"}
-    assert all(math.isfinite(row["rmse"]) and math.isfinite(row["mnll"]) for row in result["rows"])
+    assert [entry["method"] for entry in result["results"]] == ["whvi", "nf-whvi", "mfg"]
+    rows = result["meta"]["splits"]
+    assert len(rows) == 6 and all(math.isfinite(row["rmse"]) and math.isfinite(row["mnll"]) for row in rows)
     assert (tmp_path / "out" / "uci_tiny.md").is_file()
 
 

@@ -1,0 +1,293 @@
+r"""The UCI benchmark harness behind ``whvi uci``: any dataset, any methods, resumable.
+
+A dataset is a directory in the standard UCI split format (``data.txt``, ``index_features.txt``,
+``index_target.txt``, ``index_train_<k>.txt``, ``index_test_<k>.txt``) or one of scikit-learn's
+bundled sets (``diabetes`` regression, ``breast_cancer`` and ``digits`` classification; the split
+index seeds their random 90/10 or 70/30 split). Inputs are standardized with training statistics;
+regression targets are standardized for training and the metrics reported in the original units.
+
+Each (method, split) is trained with :func:`pyro_whvi.methods.fit` and written to
+``<out>/runs/<dataset>/<method>/split<k>.json`` with a fingerprint of the settings; a rerun with the
+same settings reads finished splits instead of training them again. The summary (mean and standard
+error over splits) goes to ``<out>/uci_<dataset>.{json,csv,md}``.
+
+Metrics (Monte-Carlo predictive with ``samples`` posterior draws): regression — test RMSE and MNLL
+(negative log of the predictive mixture density, averaged over test points); classification — error
+rate, NLL, ECE (15 bins) and mean predictive entropy.
+
+References:
+    WHVI paper (Rossi et al., NeurIPS 2020), §3.2, Table 3 and App. D.1 (set-up and schedule).
+    J. M. Hernández-Lobato, R. Adams. *Probabilistic Backpropagation*. ICML 2015 (the split format).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyro
+import torch
+from tqdm.auto import tqdm
+
+from ._results import save_tables
+from .data import gaussian_mnll, load_breast_cancer_split, load_diabetes_split, load_digits_split, load_uci_split, rmse
+from .data.uci import num_uci_splits
+from .methods import MethodSpec, Schedule, build_method, fit, parse_method, predictive_samples
+from .metrics import (
+    categorical_nll,
+    error_rate,
+    expected_calibration_error,
+    mean_and_standard_error,
+    predictive_entropy,
+    reliability_diagram,
+)
+
+__all__ = ["BUNDLED_DATASETS", "UCIConfig", "UCIData", "load_dataset_split", "parse_splits", "run_uci", "summarize"]
+
+BUNDLED_DATASETS = ("diabetes", "breast_cancer", "digits")
+REGRESSION_METRICS = ("rmse", "mnll")
+CLASSIFICATION_METRICS = ("error", "nll", "ece", "entropy")
+
+
+@dataclass
+class UCIData:
+    """One split; ``y_scale`` turns standardized regression targets back into original units."""
+
+    x_train: torch.Tensor
+    y_train: torch.Tensor
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+    task: str  # "regression" or "classification"
+    y_scale: float = 1.0
+    num_classes: int = 1
+
+
+@dataclass(frozen=True)
+class UCIConfig:
+    """Settings of :func:`run_uci`; all but ``methods``, ``splits`` and ``progress`` enter the fingerprint."""
+
+    methods: tuple[str, ...] = ("mfg", "mcd", "whvi")
+    splits: tuple[int, ...] = (0, 1, 2, 3, 4)
+    schedule: Schedule = field(default_factory=Schedule)
+    hidden: int = 128
+    layers: int = 2
+    samples: int = 64
+    noise_scale: float = 0.1
+    dropout: float = 0.005
+    flows: int = 3
+    reflections: int = 1
+    seed: int = 0
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        for method in self.methods:
+            parse_method(method)
+        if not self.methods or not self.splits or min(self.splits) < 0:
+            raise ValueError(f"UCIConfig: at least one method and non-negative splits expected, got {self}.")
+        if self.hidden < 1 or self.layers < 0 or self.samples < 2 or self.noise_scale <= 0:
+            raise ValueError("UCIConfig: hidden >= 1, layers >= 0, samples >= 2 and noise_scale > 0 expected.")
+        if not 0.0 < self.dropout < 1.0 or self.flows < 1 or self.reflections < 0:
+            raise ValueError("UCIConfig: dropout in (0, 1), flows >= 1 and reflections >= 0 expected.")
+
+    def fingerprint(self, method: str) -> str:
+        """A short hash of everything that changes the result of ``method`` on one split."""
+        settings = {k: v for k, v in asdict(self).items() if k not in ("methods", "splits", "progress")}
+        text = json.dumps({"method": method, **settings, "version": 1}, sort_keys=True, default=str)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def parse_splits(text: str) -> tuple[int, ...]:
+    """``"0-4"`` -> (0, 1, 2, 3, 4); ``"0,2,5"`` -> (0, 2, 5); a ``ValueError`` for anything else."""
+    splits: list[int] = []
+    try:
+        for part in text.split(","):
+            first, _, last = part.strip().partition("-")
+            splits.extend(range(int(first), int(last or first) + 1))
+    except ValueError:
+        raise ValueError(f"splits must look like '0-4' or '0,2,5', got {text!r}") from None
+    if not splits or min(splits) < 0:
+        raise ValueError(f"splits must look like '0-4' or '0,2,5' (non-negative), got {text!r}")
+    return tuple(dict.fromkeys(splits))
+
+
+def dataset_name(source: str | Path) -> str:
+    return source if isinstance(source, str) and source in BUNDLED_DATASETS else Path(source).name
+
+
+def check_source(source: str | Path, splits: tuple[int, ...]) -> None:
+    """A ``ValueError``/``FileNotFoundError`` naming the problem when ``source`` cannot provide ``splits``."""
+    if isinstance(source, str) and source in BUNDLED_DATASETS:
+        return
+    available = num_uci_splits(source)  # raises for a missing directory or files
+    missing = [k for k in splits if k >= available]
+    if missing:
+        raise ValueError(f"{source} has splits 0-{available - 1}; asked for {missing}")
+
+
+def load_dataset_split(source: str | Path, split: int) -> UCIData:
+    """Split ``split`` of a UCI-format directory or a bundled scikit-learn set (see the module doc)."""
+    if source == "digits":
+        digits = load_digits_split(seed=split)
+        return UCIData(digits.x_train, digits.y_train, digits.x_test, digits.y_test, "classification", num_classes=10)
+    if source == "breast_cancer":
+        cancer = load_breast_cancer_split(seed=split)
+        return UCIData(cancer.x_train, cancer.y_train, cancer.x_test, cancer.y_test, "classification", num_classes=2)
+    data = load_diabetes_split(split) if source == "diabetes" else load_uci_split(source, split)
+    return UCIData(data.x_train, data.y_train, data.x_test, data.y_test, "regression", y_scale=data.y_std)
+
+
+def _evaluate(data: UCIData, f: torch.Tensor, noise_scale) -> dict[str, float]:
+    if data.task == "regression":
+        scale = data.y_scale
+        return {
+            "rmse": rmse(f, data.y_test) * scale,
+            "mnll": gaussian_mnll(f, noise_scale, data.y_test) + math.log(scale),
+            "noise_scale": float(noise_scale) * scale,
+        }
+    return {
+        "error": float(error_rate(f, data.y_test)),
+        "nll": float(categorical_nll(f, data.y_test)),
+        "ece": float(expected_calibration_error(f, data.y_test)),
+        "entropy": float(predictive_entropy(f).mean()),
+    }
+
+
+def run_split(source: str | Path, spec: MethodSpec, split: int, config: UCIConfig) -> tuple[dict[str, Any], dict]:
+    """Train ``spec`` on split ``split``; return its row of metrics and, for classification, the
+    reliability diagram's bins (``{"reliability": [confidence, accuracy, count]}``; no caching)."""
+    data = load_dataset_split(source, split)
+    pyro.set_rng_seed(config.seed + split)
+    pyro.clear_param_store()
+    regression = data.task == "regression"
+    widths = [data.x_train.shape[1], *[config.hidden] * config.layers, 1 if regression else data.num_classes]
+    model, guide, svi_model = build_method(
+        spec,
+        widths,
+        likelihood="gaussian" if regression else "categorical",
+        noise_scale=config.noise_scale,
+        dropout=config.dropout,
+        flows=config.flows,
+        reflections=config.reflections,
+    )
+    start = time.perf_counter()
+    label = f"{dataset_name(source)} {spec.name} split {split}"
+    losses = fit(
+        spec,
+        model,
+        guide,
+        svi_model,
+        data.x_train,
+        data.y_train,
+        config.schedule,
+        seed=config.seed + split,
+        progress=label if config.progress else False,
+    )
+    seconds = time.perf_counter() - start
+    f = predictive_samples(svi_model, guide, data.x_test, config.samples)
+    noise = model.noise_scale.detach() if regression else None  # type: ignore[union-attr]
+    extra = {} if regression else {"reliability": [t.tolist() for t in reliability_diagram(f, data.y_test)]}
+    row = {
+        "method": spec.name,
+        "split": split,
+        **_evaluate(data, f, noise),
+        "final_loss": sum(losses[-100:]) / len(losses[-100:]),
+        "variational_parameters": sum(p.numel() for p in guide.parameters()),
+        "train_seconds": seconds,
+    }
+    return row, extra
+
+
+def summarize(rows: list[dict[str, Any]], methods: tuple[str, ...]) -> list[dict[str, Any]]:
+    """Mean and standard error (sample std / sqrt(splits)) of every metric per method, in ``methods`` order."""
+    summary = []
+    for method in methods:
+        mine = [r for r in rows if r["method"] == method]
+        if not mine:
+            continue
+        entry: dict[str, Any] = {"method": method, "splits": len(mine), "parameters": mine[0]["variational_parameters"]}
+        for metric in (*REGRESSION_METRICS, *CLASSIFICATION_METRICS, "train_seconds"):
+            if metric in mine[0]:
+                entry[metric], entry[metric + "_se"] = mean_and_standard_error(r[metric] for r in mine)
+        summary.append(entry)
+    return summary
+
+
+def _table(name: str, summary: list[dict[str, Any]], config: UCIConfig) -> str:
+    metrics = [m for m in (*REGRESSION_METRICS, *CLASSIFICATION_METRICS) if m in summary[0]]
+    schedule = config.schedule
+    fixed = min(schedule.fixed_noise_steps, schedule.steps)
+    noise = f" (noise fixed for the first {fixed})" if "rmse" in metrics and fixed else ""
+    lines = [
+        f"### {name}: {config.layers}x{config.hidden} ReLU, {schedule.steps} steps{noise}, batch "
+        f"{schedule.batch_size}, lr {schedule.lr:g}, {config.samples} test samples; mean ± standard error over splits",
+        "",
+        "| method | splits | variational params | " + " | ".join(f"test {m.upper()}" for m in metrics) + " | s/split |",
+        "|---|---|---|" + "---|" * len(metrics) + "---|",
+    ]
+    for e in summary:
+        cells = " | ".join(f"{e[m]:.3f} ± {e[m + '_se']:.3f}" for m in metrics)
+        lines.append(f"| {e['method']} | {e['splits']} | {e['parameters']:,} | {cells} | {e['train_seconds']:.0f} |")
+    return "\n".join(lines)
+
+
+def run_uci(source: str | Path, config: UCIConfig, out: Path) -> tuple[list[dict[str, Any]], str]:
+    """Run every (method, split) of ``config`` not already finished in ``out``; write and return the summary.
+
+    :param source: a UCI-format directory or a name in :data:`BUNDLED_DATASETS`.
+    :returns: the summary rows and the markdown table.
+    """
+    check_source(source, config.splits)
+    name = dataset_name(source)
+    rows: list[dict[str, Any]] = []
+    reliability: dict[str, list] = {}
+    jobs = [(method, split) for method in config.methods for split in config.splits]
+    for method, split in tqdm(jobs, desc=name, disable=not config.progress):
+        path = out / "runs" / name / method / f"split{split}.json"
+        fingerprint = config.fingerprint(method)
+        saved = json.loads(path.read_text()) if path.exists() else {}
+        if saved.get("fingerprint") != fingerprint:
+            row, extra = run_split(source, parse_method(method), split, config)
+            saved = {"fingerprint": fingerprint, "row": row, **extra}
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(saved, indent=2))
+        rows.append(saved["row"])
+        if "reliability" in saved:
+            reliability.setdefault(method, []).append(saved["reliability"])
+    summary = summarize(rows, config.methods)
+    text = _table(name, summary, config)
+    meta = {"dataset": str(source), "config": json.loads(json.dumps(asdict(config), default=str)), "splits": rows}
+    save_tables(out, f"uci_{name}", meta, summary, text)
+    if reliability:
+        _plot_reliability(out / f"uci_{name}_reliability.png", reliability)
+    return summary, text
+
+
+def _plot_reliability(path: Path, reliability: dict[str, list]) -> None:
+    """Reliability diagrams pooled over splits (bin counts added, confidences and accuracies count-weighted)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:  # plots need the [bench] extra; the tables are written regardless
+        return
+    fig, axes = plt.subplots(1, len(reliability), figsize=(3.4 * len(reliability), 3.4), squeeze=False)
+    for ax, (method, splits) in zip(axes[0], reliability.items()):
+        bins = torch.tensor(splits, dtype=torch.float64).nan_to_num(0.0)  # (splits, 3, bins)
+        count = bins[:, 2].sum(0)
+        keep = count > 0
+        confidence = (bins[:, 0] * bins[:, 2]).sum(0)[keep] / count[keep]
+        accuracy = (bins[:, 1] * bins[:, 2]).sum(0)[keep] / count[keep]
+        ax.plot([0, 1], [0, 1], "k--", lw=1)
+        ax.bar(confidence, accuracy, width=1 / bins.shape[-1], alpha=0.6, edgecolor="C0")
+        ax.set(
+            xlim=(0, 1), ylim=(0, 1), xlabel="confidence", ylabel="accuracy", title=f"{method} ({len(splits)} splits)"
+        )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,149 @@
+"""The UCI harness (``pyro_whvi.uci``) and the method registry (``pyro_whvi.methods``): every method
+through Pyro's SVI, the two-phase noise schedule, metrics against direct computations, resuming."""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+
+import pyro
+import pytest
+import torch
+
+from pyro_whvi.data import load_uci_split
+from pyro_whvi.methods import BASE_METHODS, Schedule, build_method, fit, parse_method, predictive_samples
+from pyro_whvi.metrics import mean_and_standard_error
+from pyro_whvi.uci import UCIConfig, load_dataset_split, parse_splits, run_uci, summarize
+
+from .helpers import run_python, write_uci
+
+ALL_METHODS = [*BASE_METHODS, *(f"{m}+iblm" for m in BASE_METHODS if m != "mcd")]
+
+
+def test_method_names_parse_with_specific_errors():
+    assert parse_method("whvi+iblm").base == "whvi" and parse_method("whvi+iblm").iblm
+    assert parse_method("vsd").name == "vsd"
+    with pytest.raises(ValueError, match=r"unknown method 'bbb'.*mfg, mcd, whvi"):
+        parse_method("bbb")
+    with pytest.raises(ValueError, match="MC dropout has none"):
+        parse_method("mcd+iblm")
+    assert parse_splits("0-2,5") == (0, 1, 2, 5)
+    for bad in ("", "a-b", "-1"):
+        with pytest.raises(ValueError, match="splits must look like"):
+            parse_splits(bad)
+    with pytest.raises(ValueError, match="Schedule: steps"):
+        Schedule(steps=0)
+
+
+@pytest.mark.parametrize("method", ALL_METHODS)
+def test_every_method_trains_with_svi_and_predicts(method):
+    x = torch.randn(40, 3)
+    y = x[:, 0] - x[:, 1]
+    model, guide, svi_model = build_method(method, [3, 8, 8, 1])
+    losses = fit(
+        method, model, guide, svi_model, x, y, Schedule(steps=30, fixed_noise_steps=5, batch_size=16), progress=False
+    )
+    assert len(losses) == 30 and all(math.isfinite(v) for v in losses)
+    f = predictive_samples(svi_model, guide, x[:7], num_samples=5)
+    assert f.shape == (5, 7) and torch.isfinite(f).all()
+    assert f.std(0).mean() > 0  # predictions vary across posterior (or dropout) samples
+
+
+@pytest.mark.parametrize("method", ["whvi", "mcd", "vsd+iblm", "mfg+iblm"])
+def test_classification_methods_predict_logits(method):
+    x = torch.randn(30, 4)
+    y = (x[:, 0] > 0).long()
+    model, guide, svi_model = build_method(method, [4, 8, 2], likelihood="categorical")
+    fit(method, model, guide, svi_model, x, y, Schedule(steps=5, batch_size=None), progress=False)
+    logits = predictive_samples(svi_model, guide, x, 3)
+    assert logits.shape == (3, 30, 2) and torch.isfinite(logits).all()
+
+
+def test_noise_is_fixed_in_the_first_phase_then_learned():
+    x = torch.randn(50, 2)
+    y = 3 * x[:, 0]
+    model, guide, svi_model = build_method("mfg", [2, 8, 1], noise_scale=0.1)
+    fit("mfg", model, guide, svi_model, x, y, Schedule(steps=20, fixed_noise_steps=20), progress=False)
+    assert float(pyro.param("noise_scale").detach()) == pytest.approx(0.1, abs=1e-12)
+    fit("mfg", model, guide, svi_model, x, y, Schedule(steps=20, fixed_noise_steps=0, lr=0.05), progress=False)
+    assert float(pyro.param("noise_scale").detach()) > 0.11  # a poor fit of y = 3 x_0 pushes the noise up
+
+
+def test_mean_and_standard_error():
+    mean, se = mean_and_standard_error([1.0, 2.0, 4.0])
+    assert mean == pytest.approx(7 / 3) and se == pytest.approx(statistics.stdev([1, 2, 4]) / math.sqrt(3))
+    assert mean_and_standard_error([5.0]) == (5.0, 0.0)
+    with pytest.raises(ValueError, match="no values"):
+        mean_and_standard_error([])
+
+
+def test_summary_is_mean_and_standard_error():
+    rows = [
+        {"method": "a", "variational_parameters": 3, "rmse": v, "mnll": 2 * v, "train_seconds": 1.0} for v in (1, 2, 4)
+    ]
+    (entry,) = summarize(rows, ("a",))
+    assert entry["rmse"] == pytest.approx(7 / 3)
+    assert entry["rmse_se"] == pytest.approx(torch.tensor([1.0, 2, 4]).std().item() / math.sqrt(3))
+    assert entry["mnll"] == pytest.approx(14 / 3) and entry["splits"] == 3
+
+
+def test_harness_reports_original_units_and_resumes(tmp_path):
+    directory = tmp_path / "toyset"
+    write_uci(directory, rows=60)
+    config = UCIConfig(
+        methods=("mcd", "whvi"),
+        splits=(0, 1),
+        schedule=Schedule(steps=40, batch_size=16),
+        hidden=8,
+        samples=4,
+        progress=False,
+    )
+    summary, text = run_uci(directory, config, tmp_path / "out")
+    assert [e["method"] for e in summary] == ["mcd", "whvi"] and "| whvi | 2 |" in text
+    saved = json.loads((tmp_path / "out" / "uci_toyset.json").read_text())
+    rows = saved["meta"]["splits"]
+    # the metrics are in the original units: recompute one RMSE from the stored predictive of a rerun
+    split = load_uci_split(directory, 0)
+    assert all(r["rmse"] > 0 and r["noise_scale"] > 0 for r in rows)
+    assert rows[0]["noise_scale"] == pytest.approx(0.1 * split.y_std, rel=0.5)  # 40 steps barely move it
+    run_file = tmp_path / "out" / "runs" / "toyset" / "whvi" / "split1.json"
+    stored = json.loads(run_file.read_text())
+    stored["row"]["rmse"] = 123.0  # a finished split is read back, not trained again
+    run_file.write_text(json.dumps(stored))
+    summary, _ = run_uci(directory, config, tmp_path / "out")
+    assert summary[1]["rmse"] > 60
+    changed = UCIConfig(
+        methods=("whvi",), splits=(1,), schedule=Schedule(steps=41, batch_size=16), hidden=8, samples=4, progress=False
+    )
+    summary, _ = run_uci(directory, changed, tmp_path / "out")  # other settings: trained again
+    assert summary[0]["rmse"] < 60
+
+
+def test_bundled_sets_load_for_both_tasks():
+    diabetes = load_dataset_split("diabetes", 0)
+    assert diabetes.task == "regression" and diabetes.y_scale > 1
+    digits = load_dataset_split("digits", 1)
+    assert digits.task == "classification" and digits.num_classes == 10
+    cancer = load_dataset_split("breast_cancer", 0)
+    assert cancer.num_classes == 2 and cancer.x_train.shape[1] == 30
+
+
+def test_cli_uci_on_a_bundled_classification_set(tmp_path):
+    code = (
+        "import sys; from pyro_whvi.cli import main; "
+        f"sys.exit(main(['uci', '--dataset', 'breast_cancer', '--methods', 'whvi,mfg', '--splits', '0', "
+        f"'--steps', '20', '--hidden', '8', '--samples', '4', '--out', {str(tmp_path)!r}]))"
+    )
+    result = run_python(code)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "test ECE" in result.stdout and (tmp_path / "uci_breast_cancer.csv").is_file()
+    assert (tmp_path / "uci_breast_cancer_reliability.png").is_file()
+    for args, message in (
+        (["uci", "--data-dir", str(tmp_path / "missing")], "is not a UCI split directory"),
+        (["uci", "--methods", "mcd+iblm"], "MC dropout has none"),
+        (["uci", "--splits", "x"], "splits must look like"),
+        (["bench", "nope"], "unknown benchmarks ['nope']"),
+    ):
+        result = run_python(f"import sys; from pyro_whvi.cli import main; sys.exit(main({args!r}))")
+        assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
