@@ -147,3 +147,28 @@ def test_cli_uci_on_a_bundled_classification_set(tmp_path):
     ):
         result = run_python(f"import sys; from pyro_whvi.cli import main; sys.exit(main({args!r}))")
         assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_uci_summary_script_compares_with_the_paper(tmp_path):
+    import importlib.util
+
+    from .helpers import ROOT
+
+    directory = tmp_path / "yacht"  # a stand-in with the name of a Table 3 dataset
+    write_uci(directory, rows=40)
+    config = UCIConfig(
+        methods=("mfg", "whvi"), splits=(0, 1), schedule=Schedule(steps=5), hidden=8, samples=4, progress=False
+    )
+    run_uci(directory, config, tmp_path)
+    spec = importlib.util.spec_from_file_location("uci_summary", ROOT / "benchmarks" / "uci_summary.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.main(["--results", str(tmp_path), "--datasets", "yacht"])
+    text = (tmp_path / "uci_summary.md").read_text()
+    assert "| yacht | whvi | 2 |" in text and "0.69 (0.16)" in text and "WHVI MNLL below MFG's" in text
+    assert (tmp_path / "uci_summary.png").is_file()
+    summary = {e["method"]: e for e in json.loads((tmp_path / "uci_yacht.json").read_text())["results"]}
+    rmse_ok, mnll_ok = module.checks("yacht", summary)
+    assert rmse_ok == (summary["whvi"]["rmse"] - summary["whvi"]["rmse_se"] <= 0.69)
+    assert mnll_ok == (summary["whvi"]["mnll"] < summary["mfg"]["mnll"])

@@ -103,7 +103,7 @@ def fit(flows):
     losses = [svi.step(x, y) for _ in range(STEPS)]
     with torch.no_grad():
         f = Predictive(guide.model, guide=guide, num_samples=200, return_sites=["f"])(grid)["f"].reshape(200, -1)
-    g = guide.get_posterior("layers.1.weight").sample((2000,))  # q(g) of the 128 x 128 layer
+    g = guide.get_posterior("layers.1.weight").sample((2000,)).reshape(2000, -1)  # q(g), 128 x 128 layer
     return losses, f, g, sum(p.numel() for p in guide.parameters())
 
 

@@ -25,7 +25,7 @@ import pyro
 import pyro.distributions as dist
 import torch
 from pyro.infer import SVI, Predictive, Trace_ELBO
-from pyro.infer.autoguide import AutoNormal
+from pyro.infer.autoguide import AutoNormal, init_to_sample
 from pyro.nn import PyroModule, PyroSample
 from pyro.optim import PyroOptim
 from torch import nn
@@ -94,15 +94,25 @@ def train(guide, svi_model, steps=STEPS):
     return [svi.step(x, y) for _ in range(steps)]
 
 
+def band(svi_model, guide, samples=200):
+    """Mean and sd of f on the grid, from Pyro's Predictive."""
+    with torch.no_grad():
+        f = Predictive(svi_model, guide=guide, num_samples=samples, return_sites=["f"])(grid)["f"]
+    f = f.reshape(samples, -1)
+    return f.mean(0), f.std(0)
+
+
 pyro.clear_param_store()
 model = BNN()
 whvi = AutoWHVIGuide(model, expose="all")
 whvi_losses = train(whvi, whvi.model)
+bands = {"WHVI": band(whvi.model, whvi)}
 whvi_store = pyro.get_param_store().get_state()  # the trained guide lives in Pyro's param store
 
 pyro.clear_param_store()
-mean_field = AutoNormal(model, init_scale=0.01)
+mean_field = AutoNormal(model, init_loc_fn=init_to_sample, init_scale=0.01)  # start at a prior draw, like WHVI
 mean_field_losses = train(mean_field, model)
+bands["mean field (AutoNormal)"] = band(model, mean_field)
 
 
 def count(guide):
@@ -115,27 +125,14 @@ print(f"variational parameters: WHVI {count(whvi):,}, mean field {count(mean_fie
 # WHVI has 770 variational parameters where the mean field has 33,794 (printed above): 44 times
 # fewer, for a posterior that, unlike the mean field, correlates the entries of each weight matrix.
 #
-# ## 3. Predict with Pyro's `Predictive`
+# ## 3. The predictive bands
 #
-# With local reparameterization (the default) `F.linear` draws `g` per example inside the
-# reparameterized model, so `Predictive` works as usual.
+# `band` above used Pyro's `Predictive`. With local reparameterization (the default) `F.linear`
+# draws `g` per example inside the reparameterized model, so `Predictive` works as usual. A good
+# posterior's band widens in the gap (shaded), where there are no data.
 
 # %%
-pyro.get_param_store().set_state(whvi_store)
-
-
-def band(svi_model, guide, samples=200):
-    with torch.no_grad():
-        f = Predictive(svi_model, guide=guide, num_samples=samples, return_sites=["f"])(grid)["f"]
-    f = f.reshape(samples, -1)
-    return f.mean(0), f.std(0)
-
-
 fig, axes = plt.subplots(1, 3, figsize=(13, 3.4))
-bands = {"WHVI": band(whvi.model, whvi)}
-pyro.clear_param_store()
-mean_field_losses = train(mean_field, model)
-bands["mean field (AutoNormal)"] = band(model, mean_field)
 for ax, (name, (mean, std)) in zip(axes, bands.items()):
     ax.axvspan(*TOY_GAP, color="0.92")
     ax.fill_between(grid[:, 0], mean - 2 * std, mean + 2 * std, alpha=0.3, label="±2 sd of f")

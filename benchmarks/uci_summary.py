@@ -1,0 +1,120 @@
+"""One table and one figure from several ``whvi uci`` results, next to the WHVI paper's Table 3.
+
+    python benchmarks/uci_summary.py --results benchmarks/results --datasets yacht,bostonHousing,concrete,energy
+
+Reads ``uci_<dataset>.json`` (written by ``whvi uci``) for each dataset and writes
+``uci_summary.{md,png}`` to ``--out`` (default: the results folder): test RMSE and MNLL per method,
+mean ± standard error over splits, with the paper's values (2 x 128 ReLU, mean (std) over 8 splits).
+The markdown also says, per dataset, whether WHVI's RMSE is within one standard error of the paper's
+value or better, and whether its MNLL beats the mean-field (MFG) one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+# WHVI paper, Table 3 (2 x 128 ReLU): dataset -> method -> (RMSE mean, std, MNLL mean, std)
+PAPER_TABLE_3 = {
+    "bostonHousing": {
+        "mcd": (3.91, 0.86, 6.90, 2.93),
+        "mfg": (4.47, 0.85, 2.99, 0.41),
+        "whvi": (3.14, 0.71, 4.33, 1.80),
+    },
+    "concrete": {"mcd": (5.12, 0.79, 3.20, 0.36), "mfg": (8.01, 0.41, 3.41, 0.05), "whvi": (4.70, 0.72, 3.17, 0.37)},
+    "energy": {"mcd": (2.07, 0.11, 4.15, 0.15), "mfg": (3.10, 0.14, 4.91, 0.09), "whvi": (0.58, 0.07, 2.00, 0.60)},
+    "yacht": {"mcd": (1.90, 0.54, 2.95, 1.27), "mfg": (7.01, 1.22, 3.38, 0.29), "whvi": (0.69, 0.16, 1.80, 1.01)},
+}
+
+
+def load(results: Path, dataset: str) -> tuple[dict, dict]:
+    record = json.loads((results / f"uci_{dataset}.json").read_text())
+    return {entry["method"]: entry for entry in record["results"]}, record["meta"]["config"]
+
+
+def checks(dataset: str, summary: dict) -> tuple[bool | None, bool | None]:
+    """(WHVI RMSE within one standard error of the paper's or better, WHVI MNLL below MFG's)."""
+    whvi, mfg = summary.get("whvi"), summary.get("mfg")
+    paper = PAPER_TABLE_3.get(dataset, {}).get("whvi")
+    rmse_ok = None if whvi is None or paper is None else whvi["rmse"] - whvi["rmse_se"] <= paper[0]
+    mnll_ok = None if whvi is None or mfg is None else whvi["mnll"] < mfg["mnll"]
+    return rmse_ok, mnll_ok
+
+
+def table(results: Path, datasets: list[str]) -> tuple[str, dict]:
+    lines = [
+        "| dataset | method | splits | test RMSE | paper RMSE | test MNLL | paper MNLL | s/split |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    summaries, verdicts = {}, []
+    for dataset in datasets:
+        summary, config = load(results, dataset)
+        summaries[dataset] = summary
+        for method, e in summary.items():
+            paper = PAPER_TABLE_3.get(dataset, {}).get(method)
+            paper_rmse = f"{paper[0]:.2f} ({paper[1]:.2f})" if paper else "–"
+            paper_mnll = f"{paper[2]:.2f} ({paper[3]:.2f})" if paper else "–"
+            lines.append(
+                f"| {dataset} | {method} | {e['splits']} | {e['rmse']:.3f} ± {e['rmse_se']:.3f} | {paper_rmse} | "
+                f"{e['mnll']:.3f} ± {e['mnll_se']:.3f} | {paper_mnll} | {e['train_seconds']:.0f} |"
+            )
+        rmse_ok, mnll_ok = checks(dataset, summary)
+        verdicts.append(
+            f"- {dataset}: WHVI RMSE within one standard error of the paper's or better: {rmse_ok}; "
+            f"WHVI MNLL below MFG's: {mnll_ok}"
+        )
+    schedule = config["schedule"]
+    header = (
+        f"Our runs: {config['layers']}x{config['hidden']} ReLU, {schedule['steps']} steps of batch "
+        f"{schedule['batch_size']} (noise fixed for the first {schedule['fixed_noise_steps']}), lr {schedule['lr']}, "
+        f"{config['samples']} test samples, mean ± standard error over splits. Paper: Table 3, mean (std) over 8 "
+        "splits, 50,500 steps."
+    )
+    return "\n".join([header, "", *lines, "", *verdicts]), summaries
+
+
+def plot(summaries: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    datasets = list(summaries)
+    fig, axes = plt.subplots(2, len(datasets), figsize=(3.2 * len(datasets), 5.6), squeeze=False)
+    for column, dataset in enumerate(datasets):
+        methods = list(summaries[dataset])
+        for row, metric in enumerate(("rmse", "mnll")):
+            ax = axes[row][column]
+            values = [summaries[dataset][m][metric] for m in methods]
+            errors = [summaries[dataset][m][metric + "_se"] for m in methods]
+            ax.bar(methods, values, yerr=errors, color=[f"C{k}" for k in range(len(methods))], alpha=0.7, capsize=3)
+            paper = [PAPER_TABLE_3.get(dataset, {}).get(m) for m in methods]
+            for k, p in enumerate(paper):
+                if p:
+                    ax.plot([k - 0.4, k + 0.4], [p[2 * row]] * 2, "k--", lw=1.2, label="paper" if k == 0 else None)
+            ax.set_title(f"{dataset}: test {metric.upper()}", fontsize=9)
+            if row == 0 and column == 0:
+                ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--results", type=Path, default=Path("benchmarks/results"), help="folder with uci_*.json")
+    parser.add_argument("--datasets", default="yacht,bostonHousing,concrete,energy", help="comma-separated")
+    parser.add_argument("--out", type=Path, default=None, help="output folder (default: --results)")
+    args = parser.parse_args(argv)
+    out = args.out or args.results
+    out.mkdir(parents=True, exist_ok=True)
+    text, summaries = table(args.results, [d for d in args.datasets.split(",") if d])
+    (out / "uci_summary.md").write_text(text + "\n")
+    plot(summaries, out / "uci_summary.png")
+    print(text)
+    print(f"\nwrote {out / 'uci_summary.md'} and {out / 'uci_summary.png'}")
+
+
+if __name__ == "__main__":
+    main()
