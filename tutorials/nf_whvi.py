@@ -129,7 +129,8 @@ for name, (losses, *_) in results.items():
 # %% [markdown]
 # ![bands](figures/nf_whvi_bands.png)
 #
-# The flows cost a few hundred parameters per site and buy a non-Gaussian `q(g)`. The price is the
+# The flows cost a few hundred parameters per site and allow a non-Gaussian `q(g)` (on this problem
+# only mildly so: the histogram is a little wider and skewed, and the ELBO a little higher). The price is the
 # per-step `g` draw: local reparameterization (G-WHVI) removes more gradient noise, the flows fit the
 # posterior's shape better. Compare them on a real dataset with the UCI harness:
 # `whvi uci --data-dir ../shared/datasets/uci/yacht --methods whvi,nf-whvi --splits 0-4`.
