@@ -172,3 +172,12 @@ def test_uci_summary_script_compares_with_the_paper(tmp_path):
     rmse_ok, mnll_ok = module.checks("yacht", summary)
     assert rmse_ok == (summary["whvi"]["rmse"] - summary["whvi"]["rmse_se"] <= 0.69)
     assert mnll_ok == (summary["whvi"]["mnll"] < summary["mfg"]["mnll"])
+
+
+def test_whvi_method_is_the_papers_set_up():
+    model, guide, svi_model = build_method("whvi", [3, 8, 8, 1])
+    guide(torch.randn(4, 3), torch.randn(4))
+    whvi_sites = set(guide.structured_sites)
+    # every weight and bias under WHVI except the last layer's (mean-field, WHVI paper §3.2)
+    assert {"layers.0.weight", "layers.0.bias", "layers.1.weight", "layers.1.bias"} <= whvi_sites
+    assert "layers.2.weight" not in whvi_sites and "layers.2.bias" not in whvi_sites
