@@ -175,7 +175,7 @@ def test_uci_summary_script_compares_with_the_paper(tmp_path):
 
 
 def test_whvi_method_is_the_papers_set_up():
-    model, guide, svi_model = build_method("whvi", [3, 8, 8, 1])
+    _, guide, _ = build_method("whvi", [3, 8, 8, 1])
     guide(torch.randn(4, 3), torch.randn(4))
     whvi_sites = set(guide.structured_sites)
     # every weight and bias under WHVI except the last layer's (mean-field, WHVI paper §3.2)
