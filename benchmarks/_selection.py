@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import copy
 import math
-import statistics
 from collections.abc import Callable
 from typing import Any
 
 import pyro
 import torch
 from tqdm import tqdm
+
+from pyro_whvi.metrics import mean_and_standard_error
 
 
 def holdout(num: int, fraction: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -58,8 +59,6 @@ def summarize(rows: list[dict], keys: tuple[str, ...], metrics: tuple[str, ...])
     for group_key, mine in groups.items():
         entry: dict = dict(zip(keys, group_key)) | {"runs": len(mine)}
         for metric in metrics:
-            values = [r[metric] for r in mine]
-            entry[metric] = statistics.mean(values)
-            entry[metric + "_se"] = statistics.stdev(values) / len(values) ** 0.5 if len(values) > 1 else 0.0
+            entry[metric], entry[metric + "_se"] = mean_and_standard_error(r[metric] for r in mine)
         summary.append(entry)
     return summary

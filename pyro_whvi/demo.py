@@ -30,13 +30,13 @@ from typing import Any
 
 import pyro
 import torch
-from pyro.infer import SVI, Predictive, Trace_ELBO
-from pyro.infer.autoguide import AutoDelta, AutoNormal, init_to_sample
+from pyro.infer import SVI, Trace_ELBO
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from ._plots import draw_reliability
 from .data import TOY_GAP, TOY_NOISE_SCALE, load_digits_split, toy_function, toy_regression_1d
-from .infer import AutoWHVIGuide
+from .methods import make_guide, predictive_samples
 from .metrics import categorical_nll, error_rate, expected_calibration_error, reliability_diagram
 from .models import BayesianMLP
 
@@ -58,22 +58,11 @@ class DemoConfig:
     seed: int = 0
 
 
-def _guide(method: str, model: BayesianMLP, expose: str | None) -> Any:
-    if method == "whvi":
-        return AutoWHVIGuide(model, expose=expose)
-    if method == "nf-whvi":
-        return AutoWHVIGuide(model, expose=expose, flows=3)
-    if method == "mfg":
-        return AutoNormal(model, init_loc_fn=init_to_sample, init_scale=0.01)
-    return AutoDelta(model, init_loc_fn=init_to_sample)
-
-
 def _train(
     method: str, model: BayesianMLP, expose: str | None, x: Tensor, y: Tensor, steps: int, batch: int | None, seed: int
 ):
     pyro.clear_param_store()
-    guide = _guide(method, model, expose)
-    svi_model = guide.model if isinstance(guide, AutoWHVIGuide) else model
+    guide, svi_model = make_guide(method, model, flows=3, expose=expose)
     optimizer = pyro.optim.ClippedAdam({"lr": 0.01, "lrd": 0.1 ** (1 / max(steps, 1))})
     svi = SVI(svi_model, guide, optimizer, Trace_ELBO())
     generator = torch.Generator().manual_seed(seed)
@@ -84,12 +73,6 @@ def _train(
             index = torch.randint(len(y), (batch,), generator=generator)
             svi.step(x[index], y[index], num_data=len(y))
     return svi_model, guide
-
-
-def _latent_samples(svi_model, guide, x: Tensor, samples: int) -> Tensor:
-    with torch.no_grad():
-        f = Predictive(svi_model, guide=guide, num_samples=samples, return_sites=["f"])(x)["f"]
-    return f.reshape(samples, x.shape[0], -1)
 
 
 def _toy(method: str, config: DemoConfig) -> dict[str, Any]:
@@ -105,7 +88,7 @@ def _toy(method: str, config: DemoConfig) -> dict[str, Any]:
     start = time.perf_counter()
     svi_model, guide = _train(method, model, "all", x, y, config.toy_steps, None, config.seed)
     seconds = time.perf_counter() - start
-    f = _latent_samples(svi_model, guide, torch.cat([x, grid]), config.samples)[..., 0]
+    f = predictive_samples(svi_model, guide, torch.cat([x, grid]), config.samples)
     on_data, on_grid = f[:, : len(y)], f[:, len(y) :]
     in_gap = (grid[:, 0] > TOY_GAP[0]) & (grid[:, 0] < TOY_GAP[1])
     truth = toy_function(grid[:, 0])
@@ -132,7 +115,7 @@ def _digits(method: str, config: DemoConfig) -> dict[str, Any]:
     start = time.perf_counter()
     svi_model, guide = _train(method, model, None, data.x_train, data.y_train, config.digits_steps, 128, config.seed)
     seconds = time.perf_counter() - start
-    logits = _latent_samples(svi_model, guide, data.x_test, config.samples)
+    logits = predictive_samples(svi_model, guide, data.x_test, config.samples)
     return {
         "digits_error": float(error_rate(logits, data.y_test)),
         "digits_nll": float(categorical_nll(logits, data.y_test)),
@@ -170,11 +153,7 @@ def _plot(results: dict[str, dict[str, Any]], out: Path) -> list[Path]:
     fig, axes = plt.subplots(1, len(methods), figsize=(3.4 * len(methods), 3.4), squeeze=False)
     for ax, method in zip(axes[0], methods):
         confidence, accuracy, count = (torch.tensor(v) for v in results[method]["_reliability"])
-        keep = count > 0
-        ax.plot([0, 1], [0, 1], "k--", lw=1)
-        ax.bar(confidence[keep], accuracy[keep], width=1 / len(count), alpha=0.6, edgecolor="C0")
-        ax.set(xlim=(0, 1), ylim=(0, 1), xlabel="confidence", ylabel="accuracy")
-        ax.set_title(f"{LABELS[method]}: ECE {results[method]['digits_ece']:.3f}", fontsize=9)
+        draw_reliability(ax, confidence, accuracy, count, f"{LABELS[method]}: ECE {results[method]['digits_ece']:.3f}")
     fig.tight_layout()
     reliability = out / "demo_reliability.png"
     fig.savefig(reliability, dpi=120)

@@ -45,7 +45,16 @@ from .infer import AutoVSDGuide, AutoWHVIGuide
 from .init import iblm_
 from .models import BayesianMLP
 
-__all__ = ["BASE_METHODS", "MethodSpec", "Schedule", "build_method", "fit", "parse_method", "predictive_samples"]
+__all__ = [
+    "BASE_METHODS",
+    "MethodSpec",
+    "Schedule",
+    "build_method",
+    "fit",
+    "make_guide",
+    "parse_method",
+    "predictive_samples",
+]
 
 BASE_METHODS = ("mfg", "mcd", "whvi", "nf-whvi", "vsd")
 IBLM_SUFFIX = "+iblm"
@@ -101,6 +110,31 @@ class Schedule:
             raise ValueError(f"Schedule: lr > 0, lr_gamma >= 0 and lr_power >= 0 expected, got {self}.")
 
 
+def make_guide(base: str, model, *, flows: int = 3, reflections: int = 1, **whvi_options) -> tuple[Any, Any]:
+    """The guide of base method ``base`` (a name in :data:`BASE_METHODS`) for ``model``, and the model ``SVI`` takes.
+
+    :param flows: planar flows over each site's ``g`` (``nf-whvi``).
+    :param reflections: Householder reflections ``T`` of VSD's noise (``vsd``).
+    :param whvi_options: passed to :class:`~pyro_whvi.AutoWHVIGuide` (``whvi``, ``nf-whvi``).
+    :returns: ``(guide, svi_model)``; ``svi_model`` is ``guide.model`` for the structured guides
+        (their reparameterized model) and ``model`` itself otherwise. For ``mcd`` the model must
+        have dropout: the guide is a point estimate.
+    """
+    guide: Any
+    if base == "mfg":
+        guide = AutoNormal(model, init_loc_fn=init_to_sample, init_scale=0.01)
+    elif base == "mcd":
+        guide = AutoDelta(model, init_loc_fn=init_to_sample)
+    elif base == "vsd":
+        guide = AutoVSDGuide(model, reflections=reflections)
+    elif base in ("whvi", "nf-whvi"):
+        guide = AutoWHVIGuide(model, flows=flows if base == "nf-whvi" else 0, **whvi_options)
+    else:
+        raise ValueError(f"unknown method {base!r}; choose from {', '.join(BASE_METHODS)}")
+    svi_model = guide.model if isinstance(guide, AutoWHVIGuide | AutoVSDGuide) else model
+    return guide, svi_model
+
+
 def build_method(
     spec: MethodSpec | str,
     widths: list[int],
@@ -128,20 +162,11 @@ def build_method(
         likelihood=likelihood,
         dropout=dropout if spec.base == "mcd" else 0.0,
     )
-    guide: Any
-    if spec.base == "mfg":
-        guide = AutoNormal(model, init_loc_fn=init_to_sample, init_scale=0.01)
-    elif spec.base == "mcd":
-        guide = AutoDelta(model, init_loc_fn=init_to_sample)
-    elif spec.base == "vsd":
-        guide = AutoVSDGuide(model, reflections=reflections)
-    else:
-        # The paper's set-up (§3.2): WHVI on every layer but the last, which is mean-field. Biases go
-        # on WHVI blocks too (§2.5): as mean-field sites their KL outweighed the data on small UCI sets.
-        guide = AutoWHVIGuide(
-            model, expose="all", mean_field_last_layer=True, flows=flows if spec.base == "nf-whvi" else 0
-        )
-    svi_model = guide.model if isinstance(guide, AutoWHVIGuide | AutoVSDGuide) else model
+    # WHVI as in the paper's set-up (§3.2): every layer but the last, which is mean-field. Biases go on
+    # WHVI blocks too (§2.5): as mean-field sites their KL outweighed the data on small UCI sets.
+    guide, svi_model = make_guide(
+        spec.base, model, flows=flows, reflections=reflections, expose="all", mean_field_last_layer=True
+    )
     return model, guide, svi_model
 
 

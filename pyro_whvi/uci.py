@@ -34,6 +34,7 @@ import pyro
 import torch
 from tqdm.auto import tqdm
 
+from ._plots import draw_reliability
 from ._results import save_tables
 from .data import gaussian_mnll, load_breast_cancer_split, load_diabetes_split, load_digits_split, load_uci_split, rmse
 from .data.uci import num_uci_splits
@@ -284,14 +285,10 @@ def _plot_reliability(path: Path, reliability: dict[str, list]) -> None:
     for ax, (method, splits) in zip(axes[0], reliability.items()):
         bins = torch.tensor(splits, dtype=torch.float64).nan_to_num(0.0)  # (splits, 3, bins)
         count = bins[:, 2].sum(0)
-        keep = count > 0
-        confidence = (bins[:, 0] * bins[:, 2]).sum(0)[keep] / count[keep]
-        accuracy = (bins[:, 1] * bins[:, 2]).sum(0)[keep] / count[keep]
-        ax.plot([0, 1], [0, 1], "k--", lw=1)
-        ax.bar(confidence, accuracy, width=1 / bins.shape[-1], alpha=0.6, edgecolor="C0")
-        ax.set(
-            xlim=(0, 1), ylim=(0, 1), xlabel="confidence", ylabel="accuracy", title=f"{method} ({len(splits)} splits)"
-        )
+        pooled = count.clamp_min(1)  # empty bins are not drawn
+        confidence = (bins[:, 0] * bins[:, 2]).sum(0) / pooled
+        accuracy = (bins[:, 1] * bins[:, 2]).sum(0) / pooled
+        draw_reliability(ax, confidence, accuracy, count, f"{method} ({len(splits)} splits)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
