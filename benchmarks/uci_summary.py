@@ -3,7 +3,9 @@
     python benchmarks/uci_summary.py --results benchmarks/results --datasets yacht,bostonHousing,concrete,energy
 
 Reads ``uci_<dataset>.json`` (written by ``whvi uci``) for each dataset and writes
-``uci_summary.{md,png}`` to ``--out`` (default: the results folder): test RMSE and MNLL per method,
+``uci_summary.{md,png}`` to ``--out`` (default: the first results folder). ``--results`` may be given
+several times: a method's row comes from the first folder that has it for that dataset (e.g. runs at
+another step count first, then the rest), and every row says its step count. Test RMSE and MNLL per method,
 mean ± standard error over splits, with the paper's values (2 x 128 ReLU, mean (std) over 8 splits).
 The markdown also says, per dataset, whether WHVI's RMSE is within one standard error of the paper's
 value or better, and whether its MNLL beats the mean-field (MFG) one.
@@ -28,9 +30,20 @@ PAPER_TABLE_3 = {
 }
 
 
-def load(results: Path, dataset: str) -> tuple[dict, dict]:
-    record = json.loads((results / f"uci_{dataset}.json").read_text())
-    return {entry["method"]: entry for entry in record["results"]}, record["meta"]["config"]
+def load(folders: list[Path], dataset: str) -> dict:
+    """Method -> summary entry (with the run's ``steps``), each from the first folder that has it."""
+    merged: dict = {}
+    for folder in folders:
+        path = folder / f"uci_{dataset}.json"
+        if not path.is_file():
+            continue
+        record = json.loads(path.read_text())
+        config = record["meta"]["config"]
+        for entry in record["results"]:
+            merged.setdefault(entry["method"], {**entry, "steps": config["schedule"]["steps"], "config": config})
+    if not merged:
+        raise SystemExit(f"uci_summary: no uci_{dataset}.json in {', '.join(map(str, folders))}")
+    return merged
 
 
 def checks(dataset: str, summary: dict) -> tuple[bool | None, bool | None]:
@@ -42,31 +55,32 @@ def checks(dataset: str, summary: dict) -> tuple[bool | None, bool | None]:
     return rmse_ok, mnll_ok
 
 
-def table(results: Path, datasets: list[str]) -> tuple[str, dict]:
+def table(folders: list[Path], datasets: list[str]) -> tuple[str, dict]:
     lines = [
-        "| dataset | method | splits | test RMSE | paper RMSE | test MNLL | paper MNLL | s/split |",
-        "|---|---|---|---|---|---|---|---|",
+        "| dataset | method | splits | steps | test RMSE | paper RMSE | test MNLL | paper MNLL | s/split |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     summaries, verdicts = {}, []
     for dataset in datasets:
-        summary, config = load(results, dataset)
+        summary = load(folders, dataset)
         summaries[dataset] = summary
         for method, e in summary.items():
             paper = PAPER_TABLE_3.get(dataset, {}).get(method)
             paper_rmse = f"{paper[0]:.2f} ({paper[1]:.2f})" if paper else "–"
             paper_mnll = f"{paper[2]:.2f} ({paper[3]:.2f})" if paper else "–"
             lines.append(
-                f"| {dataset} | {method} | {e['splits']} | {e['rmse']:.3f} ± {e['rmse_se']:.3f} | {paper_rmse} | "
-                f"{e['mnll']:.3f} ± {e['mnll_se']:.3f} | {paper_mnll} | {e['train_seconds']:.0f} |"
+                f"| {dataset} | {method} | {e['splits']} | {e['steps']:,} | {e['rmse']:.3f} ± {e['rmse_se']:.3f} | "
+                f"{paper_rmse} | {e['mnll']:.3f} ± {e['mnll_se']:.3f} | {paper_mnll} | {e['train_seconds']:.0f} |"
             )
         rmse_ok, mnll_ok = checks(dataset, summary)
         verdicts.append(
             f"- {dataset}: WHVI RMSE within one standard error of the paper's or better: {rmse_ok}; "
             f"WHVI MNLL below MFG's: {mnll_ok}"
         )
+    config = next(iter(next(iter(summaries.values())).values()))["config"]
     schedule = config["schedule"]
     header = (
-        f"Our runs: {config['layers']}x{config['hidden']} ReLU, {schedule['steps']} steps of batch "
+        f"Our runs: {config['layers']}x{config['hidden']} ReLU, the steps in each row, batch "
         f"{schedule['batch_size']} (noise fixed for the first {schedule['fixed_noise_steps']}), lr {schedule['lr']}, "
         f"{config['samples']} test samples, mean ± standard error over splits. Paper: Table 3, mean (std) over 8 "
         "splits, 50,500 steps."
@@ -103,13 +117,19 @@ def plot(summaries: dict, path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--results", type=Path, default=Path("benchmarks/results"), help="folder with uci_*.json")
+    parser.add_argument(
+        "--results",
+        type=Path,
+        action="append",
+        help="folder with uci_*.json; repeat it to merge folders, earlier ones first (default benchmarks/results)",
+    )
     parser.add_argument("--datasets", default="yacht,bostonHousing,concrete,energy", help="comma-separated")
     parser.add_argument("--out", type=Path, default=None, help="output folder (default: --results)")
     args = parser.parse_args(argv)
-    out = args.out or args.results
+    folders = args.results or [Path("benchmarks/results")]
+    out = args.out or folders[0]
     out.mkdir(parents=True, exist_ok=True)
-    text, summaries = table(args.results, [d for d in args.datasets.split(",") if d])
+    text, summaries = table(folders, [d for d in args.datasets.split(",") if d])
     (out / "uci_summary.md").write_text(text + "\n")
     plot(summaries, out / "uci_summary.png")
     print(text)

@@ -35,3 +35,16 @@ def test_gradcheck_cuda():
     s1, g, s2 = (torch.randn(16, device="cuda", requires_grad=True) for _ in range(3))
     assert torch.autograd.gradcheck(ops.whvi_matvec, (x, s1, g, s2))
     assert torch.autograd.gradcheck(ops.fwht, (x,))
+
+
+def test_structured_ops_cuda_match_cpu():
+    x, s1, s2 = torch.randn(4, 32, 32), torch.randn(32), torch.randn(32)
+    expected = ops.whvi_design(x, s1, s2)
+    torch.testing.assert_close(ops.whvi_design(x.cuda(), s1.cuda(), s2.cuda()).cpu(), expected)
+    signs = torch.randint(0, 2, (3, 64)).double() * 2 - 1
+    permutation = torch.argsort(torch.rand(3, 64), dim=-1)
+    gaussian, scale = torch.randn(2, 3, 64).unbind(0)
+    inputs = torch.randn(5, 64)
+    expected = ops.fastfood(inputs, signs, permutation, gaussian, scale)
+    actual = ops.fastfood(*(t.cuda() for t in (inputs, signs, permutation, gaussian, scale))).cpu()
+    torch.testing.assert_close(actual, expected)

@@ -55,6 +55,8 @@ def test_gp_speed_benchmark(tmp_path):
         (d, p) for d in (4, 40) for p in ("dense", "fastfood", "sorf")
     }
     steps = [r for r in rows if r["kind"] == "step"]
-    assert {r["covariance"] for r in steps} == {"diagonal", "full"}
+    assert {(r["covariance"], r["projection"]) for r in steps} == {
+        (c, p) for c in ("diagonal", "full") for p in ("dense", "sorf")
+    }
     assert all(r["svgp_parameters"] >= r["parameters"] > 0 and r["svgp_over_rf_whvi"] > 0 for r in steps)
     assert (tmp_path / "speed.png").is_file()

@@ -152,7 +152,7 @@ def _dense_block_matrices(projection: str, buffers: dict[str, Tensor]) -> Tensor
 
 
 @pytest.mark.parametrize("projection", ("fastfood", "sorf"))
-@pytest.mark.parametrize("num_dims", (3, 9, 16))  # P = 16: d <= 2 log2 P = 8 takes the matmul path, above the FWHT
+@pytest.mark.parametrize("num_dims", (3, 9, 16))  # P = 16: d <= P / 4 forms Omega, above the transforms
 @pytest.mark.parametrize("batch_shape", (torch.Size([]), torch.Size([2])))
 def test_structured_projection_equals_the_dense_block_product(projection, num_dims, batch_shape):
     from pyro_whvi.gp.features import draw_projection, project

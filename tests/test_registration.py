@@ -20,7 +20,22 @@ def _samples():
         (torch.ops.pyro_whvi.fwht.default, (torch.randn(2, 4, 8), False)),
         (torch.ops.pyro_whvi.whvi_matvec.default, (x, s1, g, s2)),
         (torch.ops.pyro_whvi.whvi_matvec.default, (x, s1, g_rows, s2)),
+        (torch.ops.pyro_whvi.whvi_design.default, (torch.randn(3, size, size, requires_grad=True), s1, s2)),
+        (
+            torch.ops.pyro_whvi.whvi_fourier_design_backward.default,
+            (torch.randn(3, size), torch.randn(3, 2 * size), s1.detach(), s2.detach()),
+        ),
+        (torch.ops.pyro_whvi.fastfood.default, (x, *_fastfood_buffers(size))),
+        (torch.ops.pyro_whvi.fastfood_transpose.default, (torch.randn(3, 2, size), *_fastfood_buffers(size))),
     ]
+
+
+def _fastfood_buffers(size: int, blocks: int = 2):
+    generator = torch.Generator().manual_seed(0)
+    signs = torch.randint(0, 2, (blocks, size), generator=generator).double() * 2 - 1
+    permutation = torch.argsort(torch.rand(blocks, size, generator=generator), dim=-1)
+    gaussian, scale = torch.randn(2, blocks, size, generator=generator).unbind(0)
+    return signs, permutation, gaussian, scale
 
 
 def test_opcheck_compiled_kernels():
@@ -81,3 +96,13 @@ def test_fake_kernels_give_shapes():
         assert torch.ops.pyro_whvi.whvi_matvec(x, s, x, s).shape == (5, 7, 64)
         grads = torch.ops.pyro_whvi.whvi_matvec_backward(x, x, s, x, s)
         assert [t.shape for t in grads] == [x.shape, s.shape, x.shape, s.shape]
+        matrices = torch.empty(5, 8, 8)
+        d = torch.empty(8)
+        assert torch.ops.pyro_whvi.whvi_design(matrices, d, d).shape == (5, 8)
+        grads = torch.ops.pyro_whvi.whvi_fourier_design_backward(torch.empty(5, 8), torch.empty(5, 40), d, d)
+        assert [t.shape for t in grads] == [(5, 20), (8,), (8,), (5,)]
+        blocks = torch.empty(3, 64)
+        permutation = torch.empty(3, 64, dtype=torch.int64)
+        assert torch.ops.pyro_whvi.fastfood(x, blocks, permutation, blocks, blocks).shape == (5, 7, 3, 64)
+        transposed = torch.ops.pyro_whvi.fastfood_transpose(torch.empty(5, 3, 64), blocks, permutation, blocks, blocks)
+        assert transposed.shape == (5, 64)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
+from dataclasses import replace
 
 import pyro
 import pytest
@@ -172,6 +173,12 @@ def test_uci_summary_script_compares_with_the_paper(tmp_path):
     rmse_ok, mnll_ok = module.checks("yacht", summary)
     assert rmse_ok == (summary["whvi"]["rmse"] - summary["whvi"]["rmse_se"] <= 0.69)
     assert mnll_ok == (summary["whvi"]["mnll"] < summary["mfg"]["mnll"])
+    # A second folder with WHVI at another step count: its row wins, MFG's comes from the first run.
+    longer = tmp_path / "longer"
+    run_uci(directory, replace(config, methods=("whvi",), schedule=Schedule(steps=7)), longer)
+    module.main(["--results", str(longer), "--results", str(tmp_path), "--datasets", "yacht"])
+    text = (longer / "uci_summary.md").read_text()
+    assert "| yacht | whvi | 2 | 7 |" in text and "| yacht | mfg | 2 | 5 |" in text
 
 
 def test_whvi_method_is_the_papers_set_up():

@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..ops import fwht, next_power_of_two, whvi_matvec
+from ..ops import fastfood, fwht, next_power_of_two, whvi_matvec
 
 __all__ = ["PROJECTIONS", "default_block_size", "draw_projection", "fourier_features", "project"]
 
@@ -98,77 +98,58 @@ def draw_projection(
     raise ValueError(f"projection must be one of {PROJECTIONS}, got {projection!r}.")
 
 
-def _uses_matmul(num_dims: int, block_size: int) -> bool:
-    return num_dims <= 2 * int(math.log2(block_size))
+def _materializes(num_dims: int, block_size: int) -> bool:
+    """Whether ``x @ Omega`` is cheaper with ``Omega`` formed: inputs filling at most a quarter of a block.
 
-
-def _first_stage(x: Tensor, signs: Tensor) -> Tensor:
-    """``H (signs * pad(x))`` for every block: ``(..., N, d)`` and ``(*b, B, P)`` to ``(..., N, B, P)``.
-
-    The padded input has only ``d`` non-zero entries, so for small ``d`` the product with the ``d`` used
-    columns of ``H`` (one matmul) is cheaper than a transform of the zero-padded ``P`` entries.
+    The structured product transforms the zero-padded ``P`` entries of every input, while the matmul
+    costs ``d`` multiply-adds per frequency; forming ``Omega`` takes the transforms of ``d`` basis
+    vectors only. Measured here (N = 1024, m = 2048, P = 256, float32, forward): SORF's transforms
+    3.2 ms against 2.1 ms for the matmul at d = 64, 3.2 against 4.3 ms at d = 256.
     """
-    num_dims, (num_blocks, block_size) = x.shape[-1], signs.shape[-2:]
-    if not _uses_matmul(num_dims, block_size):
-        padded = F.pad(x, (0, block_size - num_dims)).unsqueeze(-2)
-        return fwht(padded * signs.unsqueeze(-3))
-    rows = fwht(torch.eye(num_dims, block_size, dtype=x.dtype, device=x.device))  # H[:d, :]
-    matrix = (signs[..., :num_dims, None] * rows).transpose(-3, -2)  # (*b, d, B, P)
-    return (x @ matrix.flatten(-2)).unflatten(-1, (num_blocks, block_size))
+    return 4 * num_dims <= block_size
 
 
 def project(projection: str, x: Tensor, buffers: dict[str, Tensor], num_samples: int) -> Tensor:
     r"""``x @ Omega``: ``(..., N, d)`` lengthscale-scaled inputs to ``(..., N, m)`` projections.
 
-    The kernel's batch dims ``*b`` of the buffers broadcast against the leading dims of ``x``.
+    The kernel's batch dims ``*b`` of the buffers broadcast against the leading dims of ``x``. For
+    small ``d`` the structured ``Omega`` is formed (``(*b, d, m)``, from ``d`` basis vectors) and
+    applied by a matmul; otherwise it is applied with the transforms, :math:`O(m \log P)` per input.
     """
     if projection == "dense":
         return x @ buffers["randn_weights"]
+    if projection not in PROJECTIONS:
+        raise ValueError(f"projection must be one of {PROJECTIONS}, got {projection!r}.")
+    block_size = buffers["sorf_signs" if projection == "sorf" else "fastfood_signs"].shape[-1]
+    if _materializes(x.shape[-1], block_size):
+        eye = torch.eye(x.shape[-1], dtype=x.dtype, device=x.device)
+        return x @ _structured(projection, eye, buffers, num_samples)
+    return _structured(projection, x, buffers, num_samples)
+
+
+def _structured(projection: str, x: Tensor, buffers: dict[str, Tensor], num_samples: int) -> Tensor:
+    """``x @ Omega`` through the transforms: each input zero-padded to ``P`` and sent through every block."""
 
     def blockwise(name: str) -> Tensor:  # (*b, 1, B, P), broadcasting over N
         return buffers[name].unsqueeze(-3)
 
     if projection == "fastfood":
-        h = _first_stage(x, buffers["fastfood_signs"])
-        permutation = buffers["fastfood_permutation"]
-        if permutation.dim() == 2:  # no kernel batch: one gather over the flattened blocks is much faster
-            offsets = torch.arange(0, permutation.numel(), permutation.shape[-1], device=permutation.device)
-            flat = (permutation + offsets[:, None]).flatten()
-            h = _Permute.apply(h.flatten(-2), flat).unflatten(-1, permutation.shape)
+        signs, permutation = buffers["fastfood_signs"], buffers["fastfood_permutation"]
+        padded = F.pad(x, (0, signs.shape[-1] - x.shape[-1]))
+        if permutation.dim() == 2:  # no kernel batch: the fused kernel
+            h = fastfood(padded, signs, permutation, buffers["fastfood_gaussian"], buffers["fastfood_scale"])
         else:
+            h = fwht(padded.unsqueeze(-2) * blockwise("fastfood_signs"))
             h = torch.take_along_dim(h, blockwise("fastfood_permutation").expand(*h.shape[:-2], -1, -1), dim=-1)
-        h = fwht(h * blockwise("fastfood_gaussian"))
-        h = h * blockwise("fastfood_scale")
-    elif projection == "sorf":
+            h = fwht(h * blockwise("fastfood_gaussian")) * blockwise("fastfood_scale")
+    else:
         # sqrt(P) H D1 H D2 H D3 x: the last two transforms and three diagonals as one fused WHVI product.
         signs = buffers["sorf_signs"]  # (*b, B, 3, P)
         d1, d2, d3 = (signs[..., i, :].unsqueeze(-3) for i in range(3))
-        block_size = signs.shape[-1]
-        if _uses_matmul(x.shape[-1], block_size):
-            h = _first_stage(x * math.sqrt(block_size), signs[..., 2, :])
-            h = whvi_matvec(h, torch.ones_like(d1), d1, d2)
-        else:
-            padded = F.pad(x, (0, block_size - x.shape[-1])).unsqueeze(-2)
-            shape = torch.broadcast_shapes(padded.shape, d1.shape)
-            h = fwht(whvi_matvec(padded.expand(shape), d1 * math.sqrt(block_size), d2, d3))
-    else:
-        raise ValueError(f"projection must be one of {PROJECTIONS}, got {projection!r}.")
+        padded = F.pad(x, (0, signs.shape[-1] - x.shape[-1])).unsqueeze(-2)
+        shape = torch.broadcast_shapes(padded.shape, d1.shape)
+        h = fwht(whvi_matvec(padded.expand(shape), d1 * math.sqrt(signs.shape[-1]), d2, d3))
     return h.flatten(-2)[..., :num_samples]
-
-
-class _Permute(torch.autograd.Function):
-    """``x[..., index]`` for a permutation ``index``, whose backward is the inverse permutation (a gather,
-    much cheaper than the scatter-add ``index_select`` backward uses)."""
-
-    @staticmethod
-    def forward(ctx: Any, x: Tensor, index: Tensor) -> Tensor:
-        ctx.save_for_backward(index)
-        return x.index_select(-1, index)
-
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
-        (index,) = ctx.saved_tensors
-        return grad.index_select(-1, torch.argsort(index)), None
 
 
 def _fourier(angles: Tensor, scale: Tensor) -> Tensor:

@@ -158,8 +158,7 @@ class RandomFeatureKernel(Kernel):
         eye = torch.eye(num_dims, dtype=self.raw_lengthscale.dtype, device=self.raw_lengthscale.device)
         return project(self.projection, eye / self.lengthscale, self.projection_buffers(), self.num_samples)
 
-    def featurize(self, x: Tensor) -> Tensor:
-        r"""The features :math:`\phi(x)`, ``(..., N, d)`` to ``(..., N, 2m)``, outputscale included."""
+    def _angles(self, x: Tensor) -> tuple[Tensor, Tensor]:
         if not self.projection_buffers():
             self._draw(x.shape[-1])
         elif self.num_dims is not None and x.shape[-1] != self.num_dims:
@@ -168,14 +167,25 @@ class RandomFeatureKernel(Kernel):
                 f"{self.num_dims}."
             )
         angles = project(self.projection, x / self.lengthscale, self.projection_buffers(), self.num_samples)
-        scale = (self.outputscale / self.num_samples).sqrt()[..., None, None]
-        return fourier_features(angles, scale)
+        return angles, (self.outputscale / self.num_samples).sqrt()[..., None, None]
+
+    def featurize(self, x: Tensor) -> Tensor:
+        r"""The features :math:`\phi(x)`, ``(..., N, d)`` to ``(..., N, 2m)``, outputscale included."""
+        return fourier_features(*self._angles(x))
+
+    def feature_angles(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        r"""``(angles, scale)`` with :meth:`feature_map` ``= scale * [cos(angles), sin(angles)]``.
+
+        ``angles`` is :math:`x \Omega / \ell`, ``(..., N, m)``; ``scale`` is :math:`\sqrt{\sigma^2 / m}`,
+        ``(*b, 1, 1)``. For consumers that fuse the cos/sin into their own product.
+        """
+        if self.active_dims is not None:
+            x = x.index_select(-1, self.active_dims)
+        return self._angles(x)
 
     def feature_map(self, x: Tensor) -> Tensor:
         """:meth:`featurize` after selecting ``active_dims`` (what :meth:`forward` sees through ``__call__``)."""
-        if self.active_dims is not None:
-            x = x.index_select(-1, self.active_dims)
-        return self.featurize(x)
+        return fourier_features(*self.feature_angles(x))
 
     # GPyTorch's RFFKernel names its feature map `_featurize`; keep the same hook name.
     _featurize = featurize

@@ -32,6 +32,7 @@ from gpytorch.distributions import MultivariateNormal
 from linear_operator.operators import LowRankRootLinearOperator, RootLinearOperator
 from torch import Tensor
 
+from .fourier_design import whvi_fourier_design
 from .kernel import RandomFeatureKernel
 from .posteriors import COVARIANCES, GaussianWeightPosterior, WeightPosterior, WHVIWeightPosterior
 from .regressor import GPInitialization, TorchGPRegressor, check_regression_data
@@ -99,10 +100,23 @@ class RandomFeatureGP(gpytorch.models.GP):
     def forward(self, x: Tensor) -> MultivariateNormal:
         if not isinstance(x, Tensor) or x.dim() < 2:
             raise ValueError(f"RandomFeatureGP: inputs must be a (..., N, d) tensor, got {getattr(x, 'shape', x)}.")
-        mean, root = self.weights.mean_and_root(self.covar_module.feature_map(x))
-        mean = mean + self.mean_module(x)
+        mean, root = self.mean_and_root(x)
         covariance = LowRankRootLinearOperator(root) if root.shape[-1] < root.shape[-2] else RootLinearOperator(root)
         return MultivariateNormal(mean, covariance)
+
+    def mean_and_root(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """Mean ``(..., N)`` and covariance root ``(..., N, R)`` of ``q(f)`` at inputs ``(..., N, d)``.
+
+        For WHVI the design is computed from the feature angles by :func:`whvi_fourier_design` (one
+        compiled backward pass instead of three).
+        """
+        if isinstance(self.weights, WHVIWeightPosterior):
+            angles, scale = self.covar_module.feature_angles(x)
+            design = whvi_fourier_design(angles, scale, self.weights.s1, self.weights.s2)
+        else:
+            design = self.weights.design(self.covar_module.feature_map(x))
+        mean, root = self.weights.mean_and_root_of_design(design)
+        return mean + self.mean_module(x), root
 
     def __call__(self, x: Tensor, **kwargs) -> MultivariateNormal:
         return self.forward(x)
@@ -177,8 +191,7 @@ class RandomFeatureRegressor(TorchGPRegressor):
         # written out: the closed-form Gaussian expectation needs only the mean and the root's row norms.
         # Skipping the operator machinery saves about 0.35 ms of a 2 ms step at N_RF = 256 (float32,
         # batch 256); at N_RF = 4096 the difference is within the timing noise.
-        mean, root = self.model.weights.mean_and_root(self.model.covar_module.feature_map(x))
-        mean = mean + self.model.mean_module(x)
+        mean, root = self.model.mean_and_root(x)
         noise = self.likelihood.noise
         expected = -0.5 * torch.log(2 * math.pi * noise) - ((y - mean).pow(2) + root.pow(2).sum(-1)) / (2 * noise)
         return self.model.weights.kl_divergence() / num_data - expected.mean()

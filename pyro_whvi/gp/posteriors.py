@@ -11,7 +11,8 @@ the closed-form KL and the conjugate optimum are shared.
 * :class:`GaussianWeightPosterior`: ``z = w``, ``Psi = Phi``, prior ``N(0, I)``.
 * :class:`WHVIWeightPosterior`: ``w`` reshaped into a ``D x D`` matrix ``W = S1 H diag(g) H S2`` with
   ``D^2 >= F`` (WHVI paper §2.5), ``z = g``, and ``Psi(x)_k = [H (S1 R(x) S2) H]_kk`` with
-  ``R(x)`` the features reshaped the same way, two FWHTs per input; ``O(sqrt F)`` parameters.
+  ``R(x)`` the features reshaped the same way (:func:`pyro_whvi.ops.whvi_design`, one pass over the
+  features and one length-``D`` FWHT per input); ``O(sqrt F)`` parameters.
 
 References:
     S. Rossi, S. Marmin, M. Filippone. *Walsh-Hadamard Variational Inference for Bayesian Deep
@@ -29,7 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..distributions.layout import WHVILayout
-from ..ops import fwht
+from ..ops import fwht, whvi_design
 
 __all__ = ["COVARIANCES", "GaussianWeightPosterior", "WHVIWeightPosterior", "WeightPosterior"]
 
@@ -93,7 +94,10 @@ class WeightPosterior(gpytorch.Module, ABC):
 
     def mean_and_root(self, features: Tensor) -> tuple[Tensor, Tensor]:
         """Predictive mean ``(..., N)`` and covariance root ``(..., N, L)`` of ``f`` at these features."""
-        design = self.design(features)
+        return self.mean_and_root_of_design(self.design(features))
+
+    def mean_and_root_of_design(self, design: Tensor) -> tuple[Tensor, Tensor]:
+        """:meth:`mean_and_root` from the design ``Psi`` ``(..., N, L)``."""
         mean = design @ self.loc
         if self.covariance == "diagonal":
             return mean, design * self.scale
@@ -163,11 +167,10 @@ class WHVIWeightPosterior(WeightPosterior):
         self.s2 = torch.nn.Parameter(torch.ones(block))
 
     def design(self, features: Tensor) -> Tensor:
-        # diag(H M H)_k = sum_i H_ik (M H)_ik: one FWHT along rows and a product with the dense D x D H.
         block = self.latent_dim
-        matrices = F.pad(features, (0, block * block - features.shape[-1])).unflatten(-1, (block, block))
-        hadamard = fwht(torch.eye(block, dtype=features.dtype, device=features.device))
-        return (fwht(matrices * torch.outer(self.s1, self.s2)) * hadamard).sum(-2)
+        if features.shape[-1] < block * block:
+            features = F.pad(features, (0, block * block - features.shape[-1]))
+        return whvi_design(features.unflatten(-1, (block, block)), self.s1, self.s2)
 
     def weight_mean(self) -> Tensor:
         """``E_q[w]``, ``(F,)``: the first ``F`` entries of ``S1 H diag(mu) H S2`` read row by row."""

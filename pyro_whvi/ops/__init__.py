@@ -5,6 +5,8 @@ Public ops:
 * :func:`fwht` — :math:`y = H x` over the last dimension, :math:`O(D \log D)`.
 * :func:`whvi_matvec` — :math:`y = s_1 \odot H(g \odot H(s_2 \odot x))`, the product of an input with
   the WHVI weight :math:`W = S_1 H \operatorname{diag}(g) H S_2` without forming :math:`W`.
+* :func:`whvi_design` and :func:`fastfood` — structured products on the transform
+  (:mod:`pyro_whvi.ops.structured`): the WHVI design map and Fastfood blocks.
 * Shape helpers for sizes that are not powers of two: :func:`pad_to_power_of_two`,
   :func:`setup_dimensions` (WHVI Algorithm 1), :func:`stacked_whvi_matvec`, :func:`stacked_whvi_weight`.
 
@@ -38,10 +40,12 @@ from .backends import (
     use_compiled_kernels,
 )
 from .shapes import WHVIDimensions, pad_to_power_of_two, setup_dimensions, stacked_whvi_matvec, stacked_whvi_weight
+from .structured import fastfood, whvi_design
 
 __all__ = [
     "WHVIDimensions",
     "compiled_available",
+    "fastfood",
     "fwht",
     "get_backend",
     "load_compiled",
@@ -53,6 +57,7 @@ __all__ = [
     "stacked_whvi_matvec",
     "stacked_whvi_weight",
     "use_backend",
+    "whvi_design",
     "whvi_matvec",
 ]
 

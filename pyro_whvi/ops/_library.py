@@ -20,6 +20,16 @@ _LIB.define("whvi_matvec(Tensor x, Tensor s1, Tensor g, Tensor s2) -> Tensor")
 _LIB.define(
     "whvi_matvec_backward(Tensor grad, Tensor x, Tensor s1, Tensor g, Tensor s2) -> (Tensor, Tensor, Tensor, Tensor)"
 )
+_LIB.define("whvi_design(Tensor x, Tensor s1, Tensor s2) -> Tensor")
+_LIB.define("whvi_design_backward(Tensor grad, Tensor x, Tensor s1, Tensor s2) -> (Tensor, Tensor, Tensor)")
+_LIB.define(
+    "whvi_fourier_design_backward(Tensor grad, Tensor features, Tensor s1, Tensor s2)"
+    " -> (Tensor, Tensor, Tensor, Tensor)"
+)
+_LIB.define("fastfood(Tensor x, Tensor signs, Tensor permutation, Tensor gaussian, Tensor scale) -> Tensor")
+_LIB.define(
+    "fastfood_transpose(Tensor grad, Tensor signs, Tensor permutation, Tensor gaussian, Tensor scale) -> Tensor"
+)
 
 
 def _fwht_kernel(x: Tensor, normalized: bool = True) -> Tensor:
@@ -40,6 +50,21 @@ def _whvi_matvec_backward_kernel(
 _LIB.impl("fwht", _fwht_kernel, "CompositeExplicitAutograd")
 _LIB.impl("whvi_matvec", _whvi_matvec_kernel, "CompositeExplicitAutograd")
 _LIB.impl("whvi_matvec_backward", _whvi_matvec_backward_kernel, "CompositeExplicitAutograd")
+_LIB.impl("whvi_design", lambda x, s1, s2: reference.whvi_design(x, s1, s2).contiguous(), "CompositeExplicitAutograd")
+_LIB.impl(
+    "whvi_design_backward",
+    lambda grad, x, s1, s2: tuple(t.contiguous() for t in reference.whvi_design_backward(grad, x, s1, s2)),
+    "CompositeExplicitAutograd",
+)
+_LIB.impl(
+    "whvi_fourier_design_backward",
+    lambda *args: tuple(t.contiguous() for t in reference.whvi_fourier_design_backward(*args)),
+    "CompositeExplicitAutograd",
+)
+_LIB.impl("fastfood", lambda *args: reference.fastfood(*args).contiguous(), "CompositeExplicitAutograd")
+_LIB.impl(
+    "fastfood_transpose", lambda *args: reference.fastfood_transpose(*args).contiguous(), "CompositeExplicitAutograd"
+)
 
 
 def _contiguous_like(t: Tensor) -> Tensor:
@@ -93,4 +118,72 @@ torch.library.register_autograd(
     _whvi_matvec_backward,
     setup_context=_whvi_matvec_setup_context,
     lib=_LIB,
+)
+
+
+@torch.library.register_fake("pyro_whvi::whvi_design", lib=_LIB)
+def _whvi_design_fake(x: Tensor, s1: Tensor, s2: Tensor) -> Tensor:
+    return x.new_empty(x.shape[:-1])
+
+
+@torch.library.register_fake("pyro_whvi::whvi_design_backward", lib=_LIB)
+def _whvi_design_backward_fake(grad: Tensor, x: Tensor, s1: Tensor, s2: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    return _contiguous_like(x), _contiguous_like(s1), _contiguous_like(s2)
+
+
+@torch.library.register_fake("pyro_whvi::whvi_fourier_design_backward", lib=_LIB)
+def _whvi_fourier_design_backward_fake(
+    grad: Tensor, features: Tensor, s1: Tensor, s2: Tensor
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    half = features.shape[-1] // 2
+    batch = grad.shape[:-1]
+    return grad.new_empty((*batch, half)), _contiguous_like(s1), _contiguous_like(s2), grad.new_empty(batch)
+
+
+@torch.library.register_fake("pyro_whvi::fastfood", lib=_LIB)
+def _fastfood_fake(x: Tensor, signs: Tensor, permutation: Tensor, gaussian: Tensor, scale: Tensor) -> Tensor:
+    return x.new_empty((*x.shape[:-1], *signs.shape))
+
+
+@torch.library.register_fake("pyro_whvi::fastfood_transpose", lib=_LIB)
+def _fastfood_transpose_fake(
+    grad: Tensor, signs: Tensor, permutation: Tensor, gaussian: Tensor, scale: Tensor
+) -> Tensor:
+    return grad.new_empty((*grad.shape[:-2], grad.shape[-1]))
+
+
+def _whvi_design_setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
+    ctx.save_for_backward(*inputs)
+
+
+def _whvi_design_backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+    x, s1, s2 = ctx.saved_tensors
+    if torch.is_grad_enabled():  # create_graph=True: differentiable composition for higher derivatives
+        grads = reference.whvi_design_backward(grad, x, s1, s2)
+    else:
+        grads = torch.ops.pyro_whvi.whvi_design_backward(grad.contiguous(), x, s1, s2)
+    return tuple(g if needed else None for g, needed in zip(grads, ctx.needs_input_grad))
+
+
+# Fastfood is linear in its first argument with fixed random tensors: each op's backward is the other.
+def _fastfood_setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
+    ctx.save_for_backward(*inputs[1:])
+
+
+def _fastfood_backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+    return torch.ops.pyro_whvi.fastfood_transpose(grad.contiguous(), *ctx.saved_tensors), None, None, None, None
+
+
+def _fastfood_transpose_backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+    return torch.ops.pyro_whvi.fastfood(grad.contiguous(), *ctx.saved_tensors), None, None, None, None
+
+
+torch.library.register_autograd(
+    "pyro_whvi::whvi_design", _whvi_design_backward, setup_context=_whvi_design_setup_context, lib=_LIB
+)
+torch.library.register_autograd(
+    "pyro_whvi::fastfood", _fastfood_backward, setup_context=_fastfood_setup_context, lib=_LIB
+)
+torch.library.register_autograd(
+    "pyro_whvi::fastfood_transpose", _fastfood_transpose_backward, setup_context=_fastfood_setup_context, lib=_LIB
 )

@@ -43,7 +43,8 @@ __all__ = [
 
 ENV_VAR = "PYRO_WHVI_BACKEND"
 BACKENDS = ("auto", "compiled", "reference")
-_CPU_SOURCES = ("fwht_cpu.cpp",)
+_CPU_SOURCES = ("fwht_cpu.cpp", "structured_cpu.cpp")
+_CPU_HEADERS = ("row_kernels.h",)
 
 
 def _parse_backend(name: str, where: str) -> str:
@@ -111,7 +112,9 @@ def _native_flags() -> tuple[list[str], str]:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith(("flags", "Features", "model name")):
                 cpu_description += line
-    tag = hashlib.sha1(f"{cpu_description}|{torch.__version__}|{flags}".encode()).hexdigest()[:10]
+    # The kernel files are part of the key: torch's own rebuild check hashes the sources, not the headers.
+    kernels = b"".join((kernel_source_dir() / name).read_bytes() for name in (*_CPU_SOURCES, *_CPU_HEADERS))
+    tag = hashlib.sha1(f"{cpu_description}|{torch.__version__}|{flags}".encode() + kernels).hexdigest()[:10]
     return flags, tag
 
 

@@ -17,7 +17,17 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["fwht", "whvi_matvec", "whvi_matvec_backward"]
+__all__ = [
+    "fastfood",
+    "fastfood_transpose",
+    "fwht",
+    "whvi_design",
+    "whvi_design_backward",
+    "whvi_fourier_design_backward",
+    "whvi_matvec",
+    "whvi_matvec_backward",
+    "xor_table",
+]
 
 
 def fwht(x: Tensor, normalized: bool = True) -> Tensor:
@@ -81,3 +91,72 @@ def whvi_matvec_backward(
         _sum_to_shape(w * u, g.shape),
         _sum_to_shape(x * z, s2.shape),
     )
+
+
+def xor_table(size: int, device: torch.device | None = None) -> Tensor:
+    """``(D, D)`` int64 table of ``i ^ j``: with the Sylvester matrix, ``H_ki H_kj = H_k,(i ^ j)``."""
+    index = torch.arange(size, device=device)
+    return index[:, None] ^ index
+
+
+def whvi_design(x: Tensor, s1: Tensor, s2: Tensor) -> Tensor:
+    r""":math:`\operatorname{diag}(H S_1 X S_2 H)` for ``(..., D, D)`` matrices ``X``, with the orthonormal ``H``.
+
+    Since :math:`H_{ki} H_{kj} = H_{k, i \oplus j} / \sqrt D` (Sylvester order),
+    :math:`y = D^{-1/2} H c` with :math:`c_l = \sum_i s_{1,i}\, s_{2, i \oplus l}\, X_{i, i \oplus l}`:
+    one gather and one length-``D`` transform per matrix.
+    """
+    size = x.shape[-1]
+    table = xor_table(size, x.device)  # table[l, i] = i ^ l, the column of row i that lands on l
+    rows = torch.arange(size, device=x.device)
+    weighted = x * torch.outer(s1, s2)
+    return fwht(weighted[..., rows, table].sum(-1)) * size**-0.5
+
+
+def whvi_design_backward(grad: Tensor, x: Tensor, s1: Tensor, s2: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    r"""Vector-Jacobian products of :func:`whvi_design`.
+
+    With :math:`z = D^{-1/2} H \bar y`: :math:`\bar X_{ij} = s_{1,i} s_{2,j} z_{i \oplus j}`, and with
+    :math:`Q = \sum X_{ij} z_{i \oplus j}` over the matrices, :math:`\bar s_1 = Q s_2`,
+    :math:`\bar s_2 = Q^\top s_1`.
+    """
+    size = x.shape[-1]
+    shifted = (fwht(grad) * size**-0.5)[..., xor_table(size, x.device)]  # (..., D, D): z[i ^ j]
+    q = (x * shifted).reshape(-1, size, size).sum(0)
+    return shifted * torch.outer(s1, s2), q @ s2, s1 @ q
+
+
+def whvi_fourier_design_backward(
+    grad: Tensor, features: Tensor, s1: Tensor, s2: Tensor
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    r"""The backward of :func:`whvi_design` on random Fourier features, to their angles.
+
+    ``features = [scale cos(A), scale sin(A)]`` (``F = 2m`` entries, zero-padded to ``D^2`` and read row
+    by row): returns :math:`\bar A` ``(..., m)``, :math:`\bar s_1`, :math:`\bar s_2` and the per-row
+    :math:`\sum_f \bar R_f R_f` (the caller divides by ``scale`` for its gradient).
+    """
+    size, half = s1.shape[-1], features.shape[-1] // 2
+    padded = torch.nn.functional.pad(features, (0, size * size - features.shape[-1])).unflatten(-1, (size, size))
+    dpadded, ds1, ds2 = whvi_design_backward(grad, padded, s1, s2)
+    dfeatures = dpadded.flatten(-2)[..., : 2 * half]
+    cos, sin = features[..., :half], features[..., half:]
+    dcos, dsin = dfeatures[..., :half], dfeatures[..., half:]
+    return cos * dsin - sin * dcos, ds1, ds2, (features * dfeatures).sum(-1)
+
+
+def fastfood(x: Tensor, signs: Tensor, permutation: Tensor, gaussian: Tensor, scale: Tensor) -> Tensor:
+    r"""Fastfood blocks :math:`\text{scale}_b \odot H(\text{gaussian}_b \odot \Pi_b H(\text{signs}_b \odot x))`.
+
+    :param x: ``(..., P)``; the other arguments ``(B, P)``, ``(\Pi_b h)_i = h_{\text{permutation}_{bi}}``.
+    :returns: ``(..., B, P)``.
+    """
+    h = fwht(x.unsqueeze(-2) * signs)
+    h = torch.take_along_dim(h, permutation.expand(h.shape), dim=-1)
+    return fwht(h * gaussian) * scale
+
+
+def fastfood_transpose(grad: Tensor, signs: Tensor, permutation: Tensor, gaussian: Tensor, scale: Tensor) -> Tensor:
+    """The adjoint of :func:`fastfood`: ``(..., B, P)`` to ``(..., P)`` (a scatter-add undoes the gather)."""
+    t = fwht(grad * scale) * gaussian
+    u = torch.zeros_like(t).scatter_add(-1, permutation.expand(t.shape), t)
+    return (fwht(u) * signs).sum(-2)
