@@ -11,8 +11,14 @@ Two measurements, each a ratio against a baseline timed in the same process:
 
 Times are medians of ``--repeats`` runs of ``--iterations`` calls after a warm-up.
 
-    python benchmarks/gp_speed.py            # float32, as the other speed benchmarks
-    python benchmarks/gp_speed.py --quick    # fewer sizes and repeats
+    python benchmarks/gp_speed.py --iterations 40 --repeats 7   # float32, as in the README
+    python benchmarks/gp_speed.py --quick                        # fewer sizes and repeats
+    MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=1073741824 \
+        python benchmarks/gp_speed.py --stem gp_speed_malloc_tuned # glibc keeps freed blocks
+
+The steps are timed first, before the feature timings free large blocks and so move glibc's
+thresholds; with the defaults, the largest steps spend a measurable share of their time faulting
+freshly returned memory back in, which the second command removes for every method alike.
 
 Writes ``gp_speed.{json,csv,md,png}`` to ``--out``.
 """
