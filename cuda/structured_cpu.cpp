@@ -286,9 +286,24 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> whvi_fourier_design_b
 // (P_b h)_i = h_(perm_bi), any index in [0, P) (the transpose scatter-adds, the adjoint of
 // any gather); out (rows, B, P).  Both 1/sqrt(P) factors are folded into the last transform.
 
+// The projection's random tensors, contiguous, with their sizes; FastfoodData reads them for one dtype.
 struct FastfoodArgs {
   int64_t blocks;
   int64_t n;
+  at::Tensor signs, permutation, gaussian, scale;
+};
+
+template <typename T>
+struct FastfoodData {
+  const T* signs;
+  const int64_t* permutation;
+  const T* gaussian;
+  const T* scale;
+  explicit FastfoodData(const FastfoodArgs& a)
+      : signs(a.signs.const_data_ptr<T>()),
+        permutation(a.permutation.const_data_ptr<int64_t>()),
+        gaussian(a.gaussian.const_data_ptr<T>()),
+        scale(a.scale.const_data_ptr<T>()) {}
 };
 
 FastfoodArgs check_fastfood_args(const at::Tensor& data, const at::Tensor& signs, const at::Tensor& permutation,
@@ -309,15 +324,15 @@ FastfoodArgs check_fastfood_args(const at::Tensor& data, const at::Tensor& signs
   TORCH_CHECK(permutation.numel() == 0 ||
                   (permutation.min().item<int64_t>() >= 0 && permutation.max().item<int64_t>() < n),
               op, ": permutation entries must lie in [0, ", n, ")");
-  return {blocks, n};
+  return {blocks, n, signs.contiguous(), permutation.contiguous(), gaussian.contiguous(), scale.contiguous()};
 }
 
 at::Tensor fastfood_cpu(const at::Tensor& x_in, const at::Tensor& signs_in, const at::Tensor& permutation_in,
                         const at::Tensor& gaussian_in, const at::Tensor& scale_in) {
   const char* op = "pyro_whvi::fastfood";
-  const auto [blocks, n] = check_fastfood_args(x_in, signs_in, permutation_in, gaussian_in, scale_in, op);
-  const at::Tensor x = x_in.contiguous(), signs = signs_in.contiguous(), permutation = permutation_in.contiguous(),
-                   gaussian = gaussian_in.contiguous(), scale = scale_in.contiguous();
+  const FastfoodArgs args = check_fastfood_args(x_in, signs_in, permutation_in, gaussian_in, scale_in, op);
+  const int64_t blocks = args.blocks, n = args.n;
+  const at::Tensor x = x_in.contiguous();
   std::vector<int64_t> out_shape(x.sizes().begin(), x.sizes().end() - 1);
   out_shape.push_back(blocks);
   out_shape.push_back(n);
@@ -325,10 +340,9 @@ at::Tensor fastfood_cpu(const at::Tensor& x_in, const at::Tensor& signs_in, cons
   const int64_t rows = x.numel() / n;
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "pyro_whvi_fastfood_cpu", [&] {
     const scalar_t* xp = x.const_data_ptr<scalar_t>();
-    const scalar_t* sp = signs.const_data_ptr<scalar_t>();
-    const int64_t* pp = permutation.const_data_ptr<int64_t>();
-    const scalar_t* gp = gaussian.const_data_ptr<scalar_t>();
-    const scalar_t* cp = scale.const_data_ptr<scalar_t>();
+    const FastfoodData<scalar_t> d(args);
+    const scalar_t *sp = d.signs, *gp = d.gaussian, *cp = d.scale;
+    const int64_t* pp = d.permutation;
     scalar_t* yp = out.data_ptr<scalar_t>();
     const Diagonal<scalar_t> none{nullptr, 0};
     const scalar_t inv_n = static_cast<scalar_t>(1.0 / static_cast<double>(n));
@@ -352,21 +366,20 @@ at::Tensor fastfood_transpose_cpu(const at::Tensor& grad_in, const at::Tensor& s
                                   const at::Tensor& permutation_in, const at::Tensor& gaussian_in,
                                   const at::Tensor& scale_in) {
   const char* op = "pyro_whvi::fastfood_transpose";
-  const auto [blocks, n] = check_fastfood_args(grad_in, signs_in, permutation_in, gaussian_in, scale_in, op);
+  const FastfoodArgs args = check_fastfood_args(grad_in, signs_in, permutation_in, gaussian_in, scale_in, op);
+  const int64_t blocks = args.blocks, n = args.n;
   TORCH_CHECK(grad_in.dim() >= 2 && grad_in.size(-2) == blocks, op, ": grad must be (..., ", blocks, ", ", n,
               "), got ", grad_in.sizes());
-  const at::Tensor dy = grad_in.contiguous(), signs = signs_in.contiguous(), permutation = permutation_in.contiguous(),
-                   gaussian = gaussian_in.contiguous(), scale = scale_in.contiguous();
+  const at::Tensor dy = grad_in.contiguous();
   std::vector<int64_t> out_shape(dy.sizes().begin(), dy.sizes().end() - 2);
   out_shape.push_back(n);
   at::Tensor out = at::empty(out_shape, dy.options());
   const int64_t rows = dy.numel() / (blocks * n);
   AT_DISPATCH_FLOATING_TYPES(dy.scalar_type(), "pyro_whvi_fastfood_transpose_cpu", [&] {
     const scalar_t* dyp = dy.const_data_ptr<scalar_t>();
-    const scalar_t* sp = signs.const_data_ptr<scalar_t>();
-    const int64_t* pp = permutation.const_data_ptr<int64_t>();
-    const scalar_t* gp = gaussian.const_data_ptr<scalar_t>();
-    const scalar_t* cp = scale.const_data_ptr<scalar_t>();
+    const FastfoodData<scalar_t> d(args);
+    const scalar_t *sp = d.signs, *gp = d.gaussian, *cp = d.scale;
+    const int64_t* pp = d.permutation;
     scalar_t* dxp = out.data_ptr<scalar_t>();
     const Diagonal<scalar_t> none{nullptr, 0};
     const scalar_t inv_n = static_cast<scalar_t>(1.0 / static_cast<double>(n));
