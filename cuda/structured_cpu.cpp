@@ -71,6 +71,42 @@ void xor_shifted_copies(const T* z, int64_t n, T* shifted) {
     for (int64_t e = 0; e < n; ++e) shifted[t * n + e] = z[e ^ t];
 }
 
+// One matrix of whvi_design's backward, given z = D^-1 H dy: dx = weights * z[i ^ j] and
+// q += x * z[i ^ j] (q accumulates the s1/s2 gradients over matrices).  `shifted` holds W * n.
+template <typename T>
+void xor_backward_matrix(const T* x, const T* weights, const T* z, int64_t n, T* shifted, T* dx, T* q) {
+  using V = typename Vec<T>::type;
+  constexpr int64_t W = Vec<T>::width;
+  if (n < W) {
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t j = 0; j < n; ++j) {
+        dx[i * n + j] = weights[i * n + j] * z[i ^ j];
+        q[i * n + j] += x[i * n + j] * z[i ^ j];
+      }
+    }
+    return;
+  }
+  xor_shifted_copies(z, n, shifted);
+  for (int64_t i = 0; i < n; ++i) {
+    const T* copy = shifted + (i % W) * n;
+    const int64_t high = i / W;
+    for (int64_t a = 0; a < n / W; ++a) {
+      const V zz = load<V>(copy + (high ^ a) * W);
+      const int64_t e = i * n + a * W;
+      store(dx + e, load<V>(weights + e) * zz);
+      store(q + e, load<V>(q + e) + load<V>(x + e) * zz);
+    }
+  }
+}
+
+// ds1 = Q s2 and ds2 = Q^T s1 from the per-thread partial sums of Q (threads, D, D), in double.
+std::tuple<at::Tensor, at::Tensor> diagonal_gradients(const at::Tensor& partial_q, const at::Tensor& s1,
+                                                      const at::Tensor& s2) {
+  const at::Tensor total_q = partial_q.sum(0);
+  return {at::mv(total_q, s2.to(at::kDouble)).to(s2.scalar_type()),
+          at::mv(total_q.t(), s1.to(at::kDouble)).to(s1.scalar_type())};
+}
+
 void check_design_args(const at::Tensor& x, const at::Tensor& s1, const at::Tensor& s2, const char* op) {
   const int64_t n = check_rows(x, op);
   TORCH_CHECK(x.dim() >= 2 && x.size(-2) == n, op, ": x must be (..., D, D), got ", x.sizes());
@@ -127,7 +163,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> whvi_design_backward_cpu(const at
   const int64_t threads = at::get_num_threads();
   at::Tensor partial_q = at::zeros({threads, n, n}, x.options().dtype(at::kDouble));
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "pyro_whvi_whvi_design_backward_cpu", [&] {
-    using V = typename Vec<scalar_t>::type;
     constexpr int64_t W = Vec<scalar_t>::width;
     const scalar_t* dyp = dy.const_data_ptr<scalar_t>();
     const scalar_t* xp = x.const_data_ptr<scalar_t>();
@@ -141,36 +176,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> whvi_design_backward_cpu(const at
       std::vector<scalar_t> q(static_cast<size_t>(n * n), scalar_t(0));
       for (int64_t m = begin; m < end; ++m) {
         transform_chunk<scalar_t>(dyp + m * n, none, z.data(), n, n, none, inv_n);
-        const scalar_t* xm = xp + m * n * n;
-        scalar_t* dxm = dxp + m * n * n;
-        if (n < W) {
-          for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < n; ++j) {
-              dxm[i * n + j] = wp[i * n + j] * z[i ^ j];
-              q[i * n + j] += xm[i * n + j] * z[i ^ j];
-            }
-          }
-          continue;
-        }
-        xor_shifted_copies(z.data(), n, shifted.data());
-        for (int64_t i = 0; i < n; ++i) {
-          const scalar_t* copy = shifted.data() + (i % W) * n;
-          const int64_t high = i / W;
-          for (int64_t a = 0; a < n / W; ++a) {
-            const V zz = load<V>(copy + (high ^ a) * W);
-            const int64_t e = i * n + a * W;
-            store(dxm + e, load<V>(wp + e) * zz);
-            store(q.data() + e, load<V>(q.data() + e) + load<V>(xm + e) * zz);
-          }
-        }
+        xor_backward_matrix(xp + m * n * n, wp, z.data(), n, shifted.data(), dxp + m * n * n, q.data());
       }
       double* mine = qp + at::get_thread_num() * n * n;
       for (int64_t e = 0; e < n * n; ++e) mine[e] += static_cast<double>(q[e]);
     });
   });
-  const at::Tensor total_q = partial_q.sum(0);
-  const at::Tensor ds1 = at::mv(total_q, s2.to(at::kDouble)).to(x.scalar_type());
-  const at::Tensor ds2 = at::mv(total_q.t(), s1.to(at::kDouble)).to(x.scalar_type());
+  const auto [ds1, ds2] = diagonal_gradients(partial_q, s1, s2);
   return {dx, ds1, ds2};
 }
 
@@ -220,7 +232,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> whvi_fourier_design_b
     double* qp = partial_q.data_ptr<double>();
     const Diagonal<scalar_t> none{nullptr, 0};
     const scalar_t inv_n = static_cast<scalar_t>(1.0 / static_cast<double>(n));
-    const bool vectorized = n >= W;
     at::parallel_for(0, rows, grain_rows(n * n), [&](int64_t begin, int64_t end) {
       const size_t area = static_cast<size_t>(n * n);
       std::vector<scalar_t> z(static_cast<size_t>(n)), shifted(static_cast<size_t>(W * n));
@@ -234,26 +245,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> whvi_fourier_design_b
           x = matrix.data();
         }
         scalar_t* dx = dmatrix.data();
-        if (vectorized) {
-          xor_shifted_copies(z.data(), n, shifted.data());
-          for (int64_t i = 0; i < n; ++i) {
-            const scalar_t* copy = shifted.data() + (i % W) * n;
-            const int64_t high = i / W;
-            for (int64_t a = 0; a < n / W; ++a) {
-              const V zz = load<V>(copy + (high ^ a) * W);
-              const int64_t e = i * n + a * W;
-              store(dx + e, load<V>(wp + e) * zz);
-              store(q.data() + e, load<V>(q.data() + e) + load<V>(x + e) * zz);
-            }
-          }
-        } else {
-          for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < n; ++j) {
-              dx[i * n + j] = wp[i * n + j] * z[i ^ j];
-              q[i * n + j] += x[i * n + j] * z[i ^ j];
-            }
-          }
-        }
+        xor_backward_matrix(x, wp, z.data(), n, shifted.data(), dx, q.data());
         scalar_t* da = dap + r * half;
         V acc = {};
         int64_t f = 0;
@@ -275,9 +267,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> whvi_fourier_design_b
       for (size_t e = 0; e < area; ++e) mine[e] += static_cast<double>(q[e]);
     });
   });
-  const at::Tensor total_q = partial_q.sum(0);
-  const at::Tensor ds1 = at::mv(total_q, s2.to(at::kDouble)).to(dy.scalar_type());
-  const at::Tensor ds2 = at::mv(total_q.t(), s1.to(at::kDouble)).to(dy.scalar_type());
+  const auto [ds1, ds2] = diagonal_gradients(partial_q, s1, s2);
   return {dangles, ds1, ds2, dscale};
 }
 
