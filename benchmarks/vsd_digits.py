@@ -8,6 +8,8 @@ seeds (each seed: its own split and init).
 
     python benchmarks/vsd_digits.py --models mlp,cnn --seeds 3
 
+``--init iblm`` starts VSD and MFG from :func:`pyro_whvi.iblm_` (MC dropout from a prior draw).
+
 Methods: ``vsd`` (AutoVSDGuide, T reflections), ``vsd-h`` (the same with the hierarchical
 prior, §3.3; not in the default list), ``mcd`` (MC dropout: the same network with dropout,
 a point estimate under the prior as weight decay, Pyro's AutoDelta), ``mfg`` (AutoNormal).
@@ -32,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _results import environment, save_figure
 from _selection import holdout, select_best, summarize, train_with_checkpoints
 
-from pyro_whvi import AutoVSDGuide, KLAnnealing
+from pyro_whvi import AutoVSDGuide, KLAnnealing, iblm_
 from pyro_whvi.data import load_digits_split
 from pyro_whvi.metrics import categorical_nll, error_rate, expected_calibration_error, reliability_diagram
 from pyro_whvi.models import BayesianCNN, BayesianMLP
@@ -77,6 +79,9 @@ def fit_candidate(method: str, kind: str, setting: float, data, fit, val, seed: 
     svi = SVI(annealing(svi_model), annealing(guide), PyroOptim(torch.optim.Adam, {"lr": args.lr}), Trace_ELBO())
     x_fit, y_fit = data.x_train[fit], data.y_train[fit]
     num_fit = len(y_fit)
+    if args.init == "iblm" and method != "mcd":
+        guide(x_fit[:2], y_fit[:2], num_data=num_fit)  # create the guide's parameters
+        iblm_(guide, (x_fit, y_fit), batch_size=min(128, num_fit), progress=False)
 
     def step_fn(step: int):
         batch = torch.randint(0, num_fit, (args.batch_size,))
@@ -158,6 +163,9 @@ def main(argv=None) -> None:
     parser.add_argument("--val-samples", type=int, default=30)
     parser.add_argument("--reflections", type=int, default=2, help="VSD's T")
     parser.add_argument("--init-alpha", type=float, default=0.05, help="VSD's initial alpha (p / (1 - p))")
+    parser.add_argument(
+        "--init", choices=("prior", "iblm"), default="prior", help="VSD's and MFG's start: a prior draw or I-BLM"
+    )
     parser.add_argument("--samples", type=int, default=100, help="Monte-Carlo samples at test time (paper: 100)")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = parser.parse_args(argv)

@@ -25,6 +25,14 @@ def test_digits_benchmark(tmp_path):
     assert (tmp_path / "vsd_digits_mlp-cnn.png").is_file()
 
 
+def test_digits_benchmark_iblm_init(tmp_path):
+    argv = ["--models", "mlp", "--seeds", "1", "--steps", "2", "--eval-every", "1", "--samples", "3", "--init", "iblm"]
+    _run("vsd_digits.py", [*argv, "--kl-weights", "0.01", "--dropouts", "0.2", "--out", str(tmp_path)])
+    record = json.loads((tmp_path / "vsd_digits_mlp.json").read_text())
+    assert record["config"]["init"] == "iblm"
+    assert {r["method"] for r in record["rows"]} == {"vsd", "mcd", "mfg"}
+
+
 def test_uci_benchmark(tmp_path):
     (tmp_path / "toyuci").mkdir()
     data = uci_directory(tmp_path / "toyuci")
@@ -32,7 +40,23 @@ def test_uci_benchmark(tmp_path):
     _run("vsd_uci.py", [*argv, "--samples", "3", "--val-samples", "3", "--out", str(tmp_path)])
     record = json.loads((tmp_path / "vsd_uci_toyuci.json").read_text())
     assert [r["method"] for r in record["summary"]] == ["vsd", "mcd"]
+    assert all(r["fixed_noise"] is None for r in record["rows"])
     assert "test log-likelihood" in (tmp_path / "vsd_uci_toyuci.md").read_text()
+
+
+def test_uci_benchmark_iblm_and_fixed_noise_grid(tmp_path):
+    """``--noise-scales``: the noise std is a held-fixed candidate chosen with the method's setting."""
+    (tmp_path / "toyuci").mkdir()
+    data = uci_directory(tmp_path / "toyuci")
+    argv = ["--data-dir", str(data), "--splits", "1", "--steps", "4", "--eval-every", "2", "--init", "iblm"]
+    argv += ["--noise-scales", "0.2,0.3", "--kl-weights", "0.1", "--dropouts", "0.05"]
+    _run("vsd_uci.py", [*argv, "--samples", "3", "--val-samples", "3", "--out", str(tmp_path)])
+    record = json.loads((tmp_path / "vsd_uci_toyuci.json").read_text())
+    y_std = float(record["rows"][0]["noise_scale"]) / float(record["rows"][0]["fixed_noise"])
+    for row in record["rows"]:
+        assert row["fixed_noise"] in (0.2, 0.3)
+        assert abs(row["noise_scale"] - row["fixed_noise"] * y_std) < 1e-9 * y_std  # held fixed: not trained
+    assert "fixed noise std from [0.2, 0.3]" in (tmp_path / "vsd_uci_toyuci.md").read_text()
 
 
 def test_speed_benchmark(tmp_path):
