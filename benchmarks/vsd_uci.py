@@ -85,14 +85,14 @@ def fit_candidate(method: str, candidate: tuple[float, float | None], data, fit,
     svi = SVI(annealing(svi_model), annealing(guide), optim, Trace_ELBO())
     # Phase one: the noise scale is hidden from the trace SVI collects parameters from, so it stays fixed.
     blocked = pyro.poutine.block(annealing(svi_model), hide=["noise_scale"])
-    fixed_noise = SVI(blocked, annealing(guide), optim, Trace_ELBO())
+    svi_noise_held = SVI(blocked, annealing(guide), optim, Trace_ELBO())
     x_fit, y_fit = data.x_train[fit], data.y_train[fit]
     if args.init == "iblm" and isinstance(guide, AutoVSDGuide):
         guide(x_fit[:2], y_fit[:2])  # create the guide's parameters
         iblm_(guide, (x_fit, y_fit), batch_size=min(128, len(y_fit)), progress=False)
 
     def step_fn(step: int):
-        return (fixed_noise if step <= args.fixed_noise_steps else svi).step(x_fit, y_fit)
+        return (svi_noise_held if step <= args.fixed_noise_steps else svi).step(x_fit, y_fit)
 
     def validate() -> float:
         f = _predict(svi_model, guide, data.x_train[val], args.val_samples)
