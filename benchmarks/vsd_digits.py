@@ -6,7 +6,7 @@ validation NLL of a held-out part of the training set, the same protocol and num
 for all. Test error, NLL and ECE from Monte-Carlo predictive samples, mean ± standard error over
 seeds (each seed: its own split and init).
 
-    python benchmarks/vsd_digits.py --models mlp,cnn --seeds 3
+    python benchmarks/vsd_digits.py --models mlp     # then --models cnn
 
 ``--init iblm`` starts VSD and MFG from :func:`pyro_whvi.iblm_` (MC dropout from a prior draw).
 
@@ -80,7 +80,6 @@ def fit_candidate(method: str, kind: str, setting: float, data, fit, val, seed: 
     x_fit, y_fit = data.x_train[fit], data.y_train[fit]
     num_fit = len(y_fit)
     if args.init == "iblm" and method != "mcd":
-        guide(x_fit[:2], y_fit[:2], num_data=num_fit)  # create the guide's parameters
         iblm_(guide, (x_fit, y_fit), batch_size=min(128, num_fit), progress=False)
 
     def step_fn(step: int):
@@ -151,13 +150,13 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default="mlp,cnn", help=f"comma separated, from {MODELS}")
     parser.add_argument("--methods", default="vsd,mcd,mfg", help=f"comma separated, from {METHODS}")
-    parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=2000, help="SVI steps per candidate (at most)")
+    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=4000, help="SVI steps per candidate (at most)")
     parser.add_argument("--batch-size", type=int, default=100)
     parser.add_argument("--lr", type=float, default=2e-3)
-    parser.add_argument("--kl-weights", default="0.003,0.01,0.03", help="candidate KL weights of VSD and MFG")
+    parser.add_argument("--kl-weights", default="0.001,0.003,0.01,0.03", help="candidate KL weights of VSD and MFG")
     parser.add_argument("--kl-weight", type=float, default=0.01, help="KL weight of MC dropout's prior (weight decay)")
-    parser.add_argument("--dropouts", default="0.1,0.2,0.3", help="candidate MC dropout rates")
+    parser.add_argument("--dropouts", default="0.05,0.1,0.2,0.3", help="candidate MC dropout rates")
     parser.add_argument("--val-fraction", type=float, default=0.2, help="part of the training set for selection")
     parser.add_argument("--eval-every", type=int, default=500, help="validation checks (early stopping)")
     parser.add_argument("--val-samples", type=int, default=30)

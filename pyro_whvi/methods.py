@@ -202,7 +202,6 @@ def fit(
         raise ValueError(f"fit: x has {x.shape[0]} rows but y has {y.shape[0]}.")
     num_data = x.shape[0]
     if spec.iblm:
-        guide(x[: min(num_data, 2)], y[: min(num_data, 2)])  # create the guide's parameters
         iblm_(guide, (x, y), batch_size=min(128, num_data), progress=False)
     optimizer = pyro.optim.LambdaLR(  # type: ignore[attr-defined]
         {
