@@ -37,6 +37,7 @@ def test_uci_benchmark(tmp_path):
     (tmp_path / "toyuci").mkdir()
     data = uci_directory(tmp_path / "toyuci")
     argv = ["--data-dir", str(data), "--splits", "1", "--steps", "4", "--eval-every", "2", "--fixed-noise-steps", "2"]
+    argv += ["--init", "prior", "--noise-scales", ""]  # learned noise
     _run("vsd_uci.py", [*argv, "--samples", "3", "--val-samples", "3", "--out", str(tmp_path)])
     record = json.loads((tmp_path / "vsd_uci_toyuci.json").read_text())
     assert [r["method"] for r in record["summary"]] == ["vsd", "mcd"]
@@ -44,19 +45,36 @@ def test_uci_benchmark(tmp_path):
     assert "test log-likelihood" in (tmp_path / "vsd_uci_toyuci.md").read_text()
 
 
-def test_uci_benchmark_iblm_and_fixed_noise_grid(tmp_path):
-    """``--noise-scales``: the noise std is a held-fixed candidate chosen with the method's setting."""
+def test_uci_benchmark_defaults_iblm_and_fixed_noise_grid(tmp_path):
+    """By default VSD starts from I-BLM and the noise std is a held-fixed candidate chosen with the
+    method's setting; a method run alone gives the same rows as in a run with both."""
     (tmp_path / "toyuci").mkdir()
     data = uci_directory(tmp_path / "toyuci")
-    argv = ["--data-dir", str(data), "--splits", "1", "--steps", "4", "--eval-every", "2", "--init", "iblm"]
-    argv += ["--noise-scales", "0.2,0.3", "--kl-weights", "0.1", "--dropouts", "0.05"]
-    _run("vsd_uci.py", [*argv, "--samples", "3", "--val-samples", "3", "--out", str(tmp_path)])
-    record = json.loads((tmp_path / "vsd_uci_toyuci.json").read_text())
+    argv = ["--data-dir", str(data), "--splits", "1", "--steps", "4", "--eval-every", "2"]
+    argv += ["--kl-weights", "0.1", "--dropouts", "0.05", "--samples", "3", "--val-samples", "3"]
+    _run("vsd_uci.py", [*argv, "--out", str(tmp_path / "both")])
+    record = json.loads((tmp_path / "both" / "vsd_uci_toyuci.json").read_text())
+    assert record["config"]["init"] == "iblm"
+    grid = (0.15, 0.2, 0.25, 0.3, 0.4)
     y_std = float(record["rows"][0]["noise_scale"]) / float(record["rows"][0]["fixed_noise"])
     for row in record["rows"]:
-        assert row["fixed_noise"] in (0.2, 0.3)
+        assert row["fixed_noise"] in grid
         assert abs(row["noise_scale"] - row["fixed_noise"] * y_std) < 1e-9 * y_std  # held fixed: not trained
-    assert "fixed noise std from [0.2, 0.3]" in (tmp_path / "vsd_uci_toyuci.md").read_text()
+    assert f"fixed noise std from {list(grid)}" in (tmp_path / "both" / "vsd_uci_toyuci.md").read_text()
+    _run("vsd_uci.py", [*argv, "--methods", "mcd", "--out", str(tmp_path / "alone")])
+    alone = json.loads((tmp_path / "alone" / "vsd_uci_toyuci.json").read_text())["rows"]
+    together = [row for row in record["rows"] if row["method"] == "mcd"]
+    for row in (*alone, *together):
+        del row["train_seconds"]
+    assert alone == together
+
+
+def test_uci_benchmark_rejects_a_missing_first_split(tmp_path):
+    (tmp_path / "toyuci").mkdir()
+    data = uci_directory(tmp_path / "toyuci")
+    argv = [str(ROOT / "benchmarks" / "vsd_uci.py"), "--data-dir", str(data), "--first-split", "1"]
+    result = run_python(f"import runpy, sys; sys.argv = {argv!r}; runpy.run_path(sys.argv[0], run_name='__main__')")
+    assert result.returncode != 0 and "--first-split 1" in result.stderr and "splits 0 to 0" in result.stderr
 
 
 def test_speed_benchmark(tmp_path):
