@@ -150,7 +150,7 @@ plt.close(fig)
 # %% [markdown]
 # ![noise](figures/vsd_cnn_noise.png)
 #
-# A fuller comparison (MLP and CNN, three seeds, hyperparameters chosen on validation data for every
-# method) is `python benchmarks/vsd_digits.py --models mlp,cnn --seeds 3`; its results are in
+# A fuller comparison (MLP and CNN, five seeds, hyperparameters chosen on validation data for every
+# method) is `python benchmarks/vsd_digits.py --models mlp`, then `--models cnn`; its results are in
 # `benchmarks/results/vsd_digits_*.md`. For the per-epoch cost of VSD against the deterministic
 # network, `whvi bench vsd`.
