@@ -7,9 +7,13 @@ import json
 from .helpers import ROOT, run_python, uci_directory
 
 
-def _run(script: str, argv: list[str]):
+def _invoke(script: str, argv: list[str]):
     argv = [str(ROOT / "benchmarks" / script), *argv]
-    result = run_python(f"import runpy, sys; sys.argv = {argv!r}; runpy.run_path(sys.argv[0], run_name='__main__')")
+    return run_python(f"import runpy, sys; sys.argv = {argv!r}; runpy.run_path(sys.argv[0], run_name='__main__')")
+
+
+def _run(script: str, argv: list[str]):
+    result = _invoke(script, argv)
     assert result.returncode == 0, result.stderr[-3000:]
     return result
 
@@ -72,8 +76,7 @@ def test_uci_benchmark_defaults_iblm_and_fixed_noise_grid(tmp_path):
 def test_uci_benchmark_rejects_a_missing_first_split(tmp_path):
     (tmp_path / "toyuci").mkdir()
     data = uci_directory(tmp_path / "toyuci")
-    argv = [str(ROOT / "benchmarks" / "vsd_uci.py"), "--data-dir", str(data), "--first-split", "1"]
-    result = run_python(f"import runpy, sys; sys.argv = {argv!r}; runpy.run_path(sys.argv[0], run_name='__main__')")
+    result = _invoke("vsd_uci.py", ["--data-dir", str(data), "--first-split", "1"])
     assert result.returncode != 0 and "--first-split 1" in result.stderr and "splits 0 to 0" in result.stderr
 
 
