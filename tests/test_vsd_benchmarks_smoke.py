@@ -51,12 +51,12 @@ def test_uci_benchmark(tmp_path):
 
 def test_uci_benchmark_defaults_iblm_and_fixed_noise_grid(tmp_path):
     """By default VSD starts from I-BLM and the noise std is a held-fixed candidate chosen with the
-    method's setting; a method run alone gives the same rows as in a run with both."""
+    method's setting; a method run alone gives the same rows as in a run with both on two worker processes."""
     (tmp_path / "toyuci").mkdir()
     data = uci_directory(tmp_path / "toyuci")
     argv = ["--data-dir", str(data), "--splits", "1", "--steps", "4", "--eval-every", "2"]
     argv += ["--kl-weights", "0.1", "--dropouts", "0.05", "--samples", "3", "--val-samples", "3"]
-    _run("vsd_uci.py", [*argv, "--out", str(tmp_path / "both")])
+    _run("vsd_uci.py", [*argv, "--jobs", "2", "--out", str(tmp_path / "both")])
     record = json.loads((tmp_path / "both" / "vsd_uci_toyuci.json").read_text())
     assert record["config"]["init"] == "iblm"
     grid = (0.15, 0.2, 0.25, 0.3, 0.4)
@@ -65,19 +65,48 @@ def test_uci_benchmark_defaults_iblm_and_fixed_noise_grid(tmp_path):
         assert row["fixed_noise"] in grid
         assert abs(row["noise_scale"] - row["fixed_noise"] * y_std) < 1e-9 * y_std  # held fixed: not trained
     assert f"fixed noise std from {list(grid)}" in (tmp_path / "both" / "vsd_uci_toyuci.md").read_text()
-    _run("vsd_uci.py", [*argv, "--methods", "mcd", "--out", str(tmp_path / "alone")])
-    alone = json.loads((tmp_path / "alone" / "vsd_uci_toyuci.json").read_text())["rows"]
-    together = [row for row in record["rows"] if row["method"] == "mcd"]
-    for row in (*alone, *together):
-        del row["train_seconds"]
-    assert alone == together
+    for method in ("vsd", "mcd"):
+        _run("vsd_uci.py", [*argv, "--methods", method, "--out", str(tmp_path / method)])
+        alone = json.loads((tmp_path / method / "vsd_uci_toyuci.json").read_text())["rows"]
+        together = [row for row in record["rows"] if row["method"] == method]
+        for row in (*alone, *together):
+            del row["train_seconds"]
+        assert alone == together
 
 
-def test_uci_benchmark_rejects_a_missing_first_split(tmp_path):
+def test_uci_benchmark_vsd_noise_placement(tmp_path):
+    """VSD's structured noise is on the inputs of both layers; ``--vsd-hidden-only`` keeps it where MC dropout drops."""
+    (tmp_path / "toyuci").mkdir()
+    data = uci_directory(tmp_path / "toyuci")
+    benchmarks = ROOT / "benchmarks"
+    script = f"""
+        import sys
+        sys.path.insert(0, {str(benchmarks)!r})
+        import vsd_uci
+        from _selection import holdout
+        from pyro_whvi.data import load_uci_split
+        for extra in ([], ["--vsd-hidden-only"]):
+            argv = ["--data-dir", {str(data)!r}, "--steps", "2", "--eval-every", "1", "--val-samples", "2", *extra]
+            args = vsd_uci.parse_args(argv)
+            split = load_uci_split(args.data_dir, 0)
+            fit, val = holdout(len(split.y_train), args.val_fraction, 0)
+            *_, guide, _ = vsd_uci.fit_candidate("vsd", (0.1, 0.2), split, fit, val, 0, args)
+            print(sorted(guide.vsd_sites))
+    """
+    result = run_python(script)
+    assert result.returncode == 0, result.stderr[-3000:]
+    default, hidden_only = result.stdout.strip().splitlines()[-2:]
+    assert default == "['layers.0.weight', 'layers.1.weight']"
+    assert hidden_only == "['layers.1.weight']"
+
+
+def test_uci_benchmark_rejects_a_missing_first_split_and_no_workers(tmp_path):
     (tmp_path / "toyuci").mkdir()
     data = uci_directory(tmp_path / "toyuci")
     result = _invoke("vsd_uci.py", ["--data-dir", str(data), "--first-split", "1"])
     assert result.returncode != 0 and "--first-split 1" in result.stderr and "splits 0 to 0" in result.stderr
+    result = _invoke("vsd_uci.py", ["--data-dir", str(data), "--jobs", "0"])
+    assert result.returncode != 0 and "--jobs 0" in result.stderr
 
 
 def test_speed_benchmark(tmp_path):
