@@ -16,7 +16,7 @@ mixture, per point) and RMSE in the targets' original units, mean ± standard er
 MC dropout is the same network with dropout on the hidden layer's output, a point estimate under
 the prior (weight decay, Pyro's AutoDelta). VSD puts structured noise on the inputs of both layers;
 ``--vsd-hidden-only`` keeps it to the units MC dropout drops and gives the first layer's weights a
-mean-field Normal (on Concrete's first 5 splits that was worse: README). ``vsd-h`` is VSD with the
+mean-field Normal (on Concrete splits 0-6 that was worse: README). ``vsd-h`` is VSD with the
 hierarchical prior (§3.3).
 Every (method, split) is seeded by the split alone, so ``--jobs N`` (N worker processes) and methods
 run in separate processes give the same rows as one run. Writes ``vsd_uci_<dataset>.json`` / ``.md`` to ``--out``.
