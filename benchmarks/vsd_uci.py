@@ -8,8 +8,9 @@ number of candidates for both. The paper tunes the likelihood precision by Bayes
 with cross-validation (App. I.3); a learned point estimate of the noise shrinks towards the
 training residuals and the validation score then falls. ``--noise-scales ''`` learns the noise
 instead (held fixed for the first ``--fixed-noise-steps``). VSD starts from :func:`pyro_whvi.iblm_`
-(``--init prior``: from a prior draw). Test log-likelihood (log of the Monte-Carlo predictive
-mixture, per point) and RMSE in the targets' original units, mean ± standard error over splits.
+(``--init prior``: from a prior draw, as MC dropout does; no better on average: README). Test
+log-likelihood (log of the Monte-Carlo predictive mixture, per point) and RMSE in the targets'
+original units, mean ± standard error over splits.
 
     python benchmarks/vsd_uci.py --data-dir ../shared/datasets/uci/bostonHousing --splits 5
 
@@ -207,7 +208,7 @@ def write_report(rows: list[dict], args: argparse.Namespace) -> None:
     (args.out / f"vsd_uci_{name}.json").write_text(json.dumps(record, indent=2))
     lines = [
         f"# {name}: splits {splits.start} to {splits.stop - 1}, 1x{args.hidden} ReLU, "
-        f"up to {args.steps} full-batch steps; "
+        f"up to {args.steps} full-batch steps; VSD from {'I-BLM' if args.init == 'iblm' else 'a prior draw'}; "
         f"VSD KL weight from {args.kl_weights}, MC dropout rate from {args.dropouts}, "
         + (f"fixed noise std from {args.noise_scales} (standardized), " if args.noise_scales else "learned noise std, ")
         + "and the stopping step, "

@@ -46,7 +46,8 @@ def test_uci_benchmark(tmp_path):
     record = json.loads((tmp_path / "vsd_uci_toyuci.json").read_text())
     assert [r["method"] for r in record["summary"]] == ["vsd", "mcd"]
     assert all(r["fixed_noise"] is None for r in record["rows"])
-    assert "test log-likelihood" in (tmp_path / "vsd_uci_toyuci.md").read_text()
+    report = (tmp_path / "vsd_uci_toyuci.md").read_text()
+    assert "test log-likelihood" in report and "VSD from a prior draw" in report
 
 
 def test_uci_benchmark_defaults_iblm_and_fixed_noise_grid(tmp_path):
@@ -64,7 +65,8 @@ def test_uci_benchmark_defaults_iblm_and_fixed_noise_grid(tmp_path):
     for row in record["rows"]:
         assert row["fixed_noise"] in grid
         assert abs(row["noise_scale"] - row["fixed_noise"] * y_std) < 1e-9 * y_std  # held fixed: not trained
-    assert f"fixed noise std from {list(grid)}" in (tmp_path / "both" / "vsd_uci_toyuci.md").read_text()
+    report = (tmp_path / "both" / "vsd_uci_toyuci.md").read_text()
+    assert f"fixed noise std from {list(grid)}" in report and "VSD from I-BLM" in report
     for method in ("vsd", "mcd"):
         _run("vsd_uci.py", [*argv, "--methods", method, "--out", str(tmp_path / method)])
         alone = json.loads((tmp_path / method / "vsd_uci_toyuci.json").read_text())["rows"]
