@@ -102,6 +102,47 @@ def test_uci_benchmark_vsd_noise_placement(tmp_path):
     assert hidden_only == "['layers.1.weight']"
 
 
+def test_uci_benchmark_minibatches_cover_each_epoch(tmp_path):
+    """``--batch-size B``: each step sees B examples (the last of an epoch fewer) with the likelihood
+    scaled to the fit part, and every fit example once per epoch."""
+    (tmp_path / "toyuci").mkdir()
+    data = uci_directory(tmp_path / "toyuci")
+    benchmarks = ROOT / "benchmarks"
+    script = f"""
+        import sys
+        import pyro.infer
+        sys.path.insert(0, {str(benchmarks)!r})
+        import vsd_uci
+        from _selection import holdout
+        from pyro_whvi.data import load_uci_split
+        seen = []
+        original_step = pyro.infer.SVI.step
+        def recording_step(self, x, y, **kwargs):
+            seen.append((x.clone(), kwargs.get("num_data")))
+            return original_step(self, x, y, **kwargs)
+        pyro.infer.SVI.step = recording_step
+        argv = ["--data-dir", {str(data)!r}, "--batch-size", "7", "--steps", "12", "--eval-every", "6"]
+        args = vsd_uci.parse_args([*argv, "--val-samples", "2"])
+        split = load_uci_split(args.data_dir, 0)
+        fit, val = holdout(len(split.y_train), args.val_fraction, 0)
+        vsd_uci.fit_candidate("mcd", (0.1, 0.2), split, fit, val, 0, args)
+        x_fit = split.x_train[fit]
+        sizes = [len(x) for x, _ in seen]
+        assert {{n for _, n in seen}} == {{len(fit)}}, [n for _, n in seen]
+        per_epoch = -(-len(fit) // 7)
+        epoch = [x for x, _ in seen[:per_epoch]]
+        assert sizes[:per_epoch] == [7] * (per_epoch - 1) + [len(fit) - 7 * (per_epoch - 1)], sizes
+        rows = sorted(map(tuple, __import__("torch").cat(epoch).tolist()))
+        assert rows == sorted(map(tuple, x_fit.tolist())), "an epoch does not visit each fit example once"
+        print("ok", len(fit), sizes)
+    """
+    result = run_python(script)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().splitlines()[-1].startswith("ok")
+    result = _invoke("vsd_uci.py", ["--data-dir", str(data), "--batch-size", "-1"])
+    assert result.returncode != 0 and "--batch-size -1" in result.stderr
+
+
 def test_uci_benchmark_rejects_a_missing_first_split_and_no_workers(tmp_path):
     (tmp_path / "toyuci").mkdir()
     data = uci_directory(tmp_path / "toyuci")
