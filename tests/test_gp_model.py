@@ -12,6 +12,7 @@ from linear_operator.operators import LowRankRootLinearOperator, RootLinearOpera
 from scipy.linalg import hadamard
 
 from pyro_whvi.gp import GPSchedule, RandomFeatureGP, RandomFeatureKernel, RandomFeatureRegressor
+from pyro_whvi.gp.regressor import minibatch_indices
 
 POSTERIORS = [("gaussian", "diagonal"), ("gaussian", "full"), ("whvi", "diagonal"), ("whvi", "full")]
 
@@ -234,3 +235,18 @@ def test_the_model_applies_the_kernels_active_dims_and_follows_its_dtype():
     x = torch.randn(6, 3)
     expected = model.weights.design(kernel.featurize(x[:, [0, 2]])) @ model.weights.loc
     assert torch.allclose(model(x).mean, expected)
+
+
+@pytest.mark.parametrize("drop_last", [True, False])
+def test_minibatch_indices_epochs(drop_last):
+    """Batches of an epoch are disjoint; ``drop_last=False`` adds the short last batch so every index is
+    visited once per epoch; a batch as large as the data yields ``None`` (the full data)."""
+    batches = minibatch_indices(10, 4, torch.Generator().manual_seed(0), drop_last=drop_last)
+    epoch = [next(batches) for _ in range(2 if drop_last else 3)]
+    assert [len(b) for b in epoch] == ([4, 4] if drop_last else [4, 4, 2])
+    visited = torch.cat(epoch)
+    assert len(set(visited.tolist())) == len(visited)
+    if not drop_last:
+        assert sorted(visited.tolist()) == list(range(10))
+    assert len(next(batches)) == 4  # the next epoch starts with a full batch
+    assert next(minibatch_indices(10, 10, torch.Generator(), drop_last=drop_last)) is None

@@ -111,6 +111,7 @@ def test_uci_benchmark_minibatches_cover_each_epoch(tmp_path):
     script = f"""
         import sys
         import pyro.infer
+        import torch
         sys.path.insert(0, {str(benchmarks)!r})
         import vsd_uci
         from _selection import holdout
@@ -132,7 +133,7 @@ def test_uci_benchmark_minibatches_cover_each_epoch(tmp_path):
         per_epoch = -(-len(fit) // 7)
         epoch = [x for x, _ in seen[:per_epoch]]
         assert sizes[:per_epoch] == [7] * (per_epoch - 1) + [len(fit) - 7 * (per_epoch - 1)], sizes
-        rows = sorted(map(tuple, __import__("torch").cat(epoch).tolist()))
+        rows = sorted(map(tuple, torch.cat(epoch).tolist()))
         assert rows == sorted(map(tuple, x_fit.tolist())), "an epoch does not visit each fit example once"
         print("ok", len(fit), sizes)
     """

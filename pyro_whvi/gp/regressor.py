@@ -129,14 +129,18 @@ class GPRegressor(ABC):
         """The ELBO on all of ``(x, y)``, divided by ``N``."""
 
 
-def minibatch_indices(num_data: int, batch_size: int | None, generator: torch.Generator) -> Iterator[Tensor | None]:
-    """Endless index batches drawn without replacement within an epoch (``None``: the full data)."""
+def minibatch_indices(
+    num_data: int, batch_size: int | None, generator: torch.Generator, drop_last: bool = True
+) -> Iterator[Tensor | None]:
+    """Endless index batches drawn without replacement within an epoch (``None``: the full data);
+    ``drop_last=False`` also yields each epoch's last, smaller batch, so that an epoch visits every index."""
     while True:
         if batch_size is None or batch_size >= num_data:
             yield None
             continue
         order = torch.randperm(num_data, generator=generator)
-        for start in range(0, num_data - batch_size + 1, batch_size):
+        stop = num_data - batch_size + 1 if drop_last else num_data
+        for start in range(0, stop, batch_size):
             yield order[start : start + batch_size]
 
 
