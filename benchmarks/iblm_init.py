@@ -71,9 +71,9 @@ def _guide(name: str, model):
     return AutoNormal(model) if name == "mfg" else AutoWHVIGuide(model, mean_field_last_layer=True)
 
 
-def _test_mnll(task, model, svi_model, guide, x, y, y_std, samples: int) -> float:
+def _test_mnll(task, model, guide, x, y, y_std, samples: int) -> float:
     with torch.no_grad():
-        predictive = Predictive(svi_model, guide=guide, num_samples=samples, return_sites=["f"], parallel=False)
+        predictive = Predictive(model, guide=guide, num_samples=samples, return_sites=["f"], parallel=False)
         f = predictive(x)["f"]
     if task == "concrete":
         return gaussian_mnll(f.reshape(samples, -1), model.noise_scale.detach(), y) + math.log(y_std)
@@ -86,8 +86,6 @@ def run(task: str, guide_name: str, init: str, seed: int, args) -> dict:
     x, y, x_test, y_test, y_std = _data(task, seed, args)
     model = _model(task, x, args)
     guide = _guide(guide_name, model)
-    # AutoNormal's guide.model wraps the model in its init strategy; Predictive wants the model itself.
-    svi_model = model if guide_name == "mfg" else guide.model
     start = time.perf_counter()
     with torch.no_grad():
         guide(x[: args.batch], y[: args.batch])  # set the guide up: the "default" initialization
@@ -106,8 +104,8 @@ def run(task: str, guide_name: str, init: str, seed: int, args) -> dict:
             progress=False,
         )
     init_seconds = time.perf_counter() - start
-    svi = SVI(svi_model, guide, PyroOptim(torch.optim.Adam, {"lr": args.lr}), Trace_ELBO())
-    steps, mnll = [0], [_test_mnll(task, model, svi_model, guide, x_test, y_test, y_std, args.samples)]
+    svi = SVI(model, guide, PyroOptim(torch.optim.Adam, {"lr": args.lr}), Trace_ELBO())
+    steps, mnll = [0], [_test_mnll(task, model, guide, x_test, y_test, y_std, args.samples)]
     train_seconds = 0.0
     generator = torch.Generator().manual_seed(seed)
     for step in range(1, args.steps + 1):
@@ -117,7 +115,7 @@ def run(task: str, guide_name: str, init: str, seed: int, args) -> dict:
         train_seconds += time.perf_counter() - tick
         if step % args.eval_every == 0 or step == args.steps:
             steps.append(step)
-            mnll.append(_test_mnll(task, model, svi_model, guide, x_test, y_test, y_std, args.samples))
+            mnll.append(_test_mnll(task, model, guide, x_test, y_test, y_std, args.samples))
     return {
         "task": task,
         "guide": guide_name,

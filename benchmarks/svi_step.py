@@ -6,8 +6,8 @@ D = 2^7 ... 2^12, on one fixed batch (default 128 rows) of float32 inputs, on th
 and the parameter update, for
 
 * ``AutoNormal(model)`` in ``SVI(model, guide, ...)``;
-* ``AutoWHVIGuide(model)`` with its defaults (diagonal ``q(g)``, local reparameterization) in
-  ``SVI(guide.model, guide, ...)``.
+* ``AutoWHVIGuide(model)`` with its defaults (diagonal ``q(g)``, local reparameterization), which
+  transforms the model in place, in the same ``SVI(model, guide, ...)``.
 
 Each guide (own param-store scope) takes a set-up step and 3 warm-up steps first. Pyro validation is
 disabled (``pyro.validation_enabled(False)``) during warm-up and timing. Times are medians of
@@ -59,12 +59,8 @@ def _setup(name: str, size: int, x: torch.Tensor, y: torch.Tensor) -> tuple[Call
     model = BayesianMLP([size, size, size, 1])
     with pyro.get_param_store().scope() as state:
         guide: AutoNormal | AutoWHVIGuide
-        if name == "WHVI":
-            guide = AutoWHVIGuide(model)
-            svi = SVI(guide.model, guide, _adam(), Trace_ELBO())
-        else:
-            guide = AutoNormal(model)
-            svi = SVI(model, guide, _adam(), Trace_ELBO())
+        guide = AutoWHVIGuide(model) if name == "WHVI" else AutoNormal(model)
+        svi = SVI(model, guide, _adam(), Trace_ELBO())
         loss = svi.step(x, y)  # sets the guide up, with Pyro's validation as configured
         with pyro.validation_enabled(False):
             for _ in range(WARMUP_STEPS):

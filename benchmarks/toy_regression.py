@@ -51,12 +51,11 @@ def fit(name: str, steps: int, x: torch.Tensor, y: torch.Tensor, grid: torch.Ten
         guide: AutoNormal | AutoWHVIGuide = AutoNormal(model, init_loc_fn=init_to_sample, init_scale=0.01)
     else:
         guide = AutoWHVIGuide(model, **kwargs)
-    svi_model = guide.model if isinstance(guide, AutoWHVIGuide) else model
-    svi = SVI(svi_model, guide, pyro.optim.ClippedAdam({"lr": 0.01, "lrd": 0.1 ** (1 / steps)}), Trace_ELBO())
+    svi = SVI(model, guide, pyro.optim.ClippedAdam({"lr": 0.01, "lrd": 0.1 ** (1 / steps)}), Trace_ELBO())
     for _ in tqdm(range(steps), desc=name, mininterval=1.0):
         svi.step(x, y)
     with torch.no_grad():
-        f = Predictive(svi_model, guide=guide, num_samples=samples, return_sites=["f"])(torch.cat([x, grid]))["f"]
+        f = Predictive(model, guide=guide, num_samples=samples, return_sites=["f"])(torch.cat([x, grid]))["f"]
     f = f.reshape(samples, -1)
     on_data, on_grid = f[:, : len(y)], f[:, len(y) :]
     in_gap = (grid[:, 0] > TOY_GAP[0]) & (grid[:, 0] < TOY_GAP[1])

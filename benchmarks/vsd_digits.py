@@ -62,9 +62,9 @@ def make_guide(method: str, model, args):
     raise ValueError(f"unknown method {method!r}; choose from {METHODS}")
 
 
-def _logits(svi_model, guide, x, samples: int):
+def _logits(model, guide, x, samples: int):
     with torch.no_grad():
-        predictive = Predictive(svi_model, guide=guide, num_samples=samples, return_sites=["f"])
+        predictive = Predictive(model, guide=guide, num_samples=samples, return_sites=["f"])
         return predictive(x)["f"].reshape(samples, x.shape[0], -1)
 
 
@@ -74,9 +74,8 @@ def fit_candidate(method: str, kind: str, setting: float, data, fit, val, seed: 
     pyro.clear_param_store()
     model = make_model(kind, setting if method == "mcd" else 0.0)
     guide = make_guide(method, model, args)
-    svi_model = guide.model if isinstance(guide, AutoVSDGuide) else model
     annealing = KLAnnealing(args.kl_weight if method == "mcd" else setting)
-    svi = SVI(annealing(svi_model), annealing(guide), PyroOptim(torch.optim.Adam, {"lr": args.lr}), Trace_ELBO())
+    svi = SVI(annealing(model), annealing(guide), PyroOptim(torch.optim.Adam, {"lr": args.lr}), Trace_ELBO())
     x_fit, y_fit = data.x_train[fit], data.y_train[fit]
     num_fit = len(y_fit)
     if args.init == "iblm" and method != "mcd":
@@ -87,12 +86,10 @@ def fit_candidate(method: str, kind: str, setting: float, data, fit, val, seed: 
         return svi.step(x_fit[batch], y_fit[batch], num_data=num_fit)
 
     def validate() -> float:
-        return -float(
-            categorical_nll(_logits(svi_model, guide, data.x_train[val], args.val_samples), data.y_train[val])
-        )
+        return -float(categorical_nll(_logits(model, guide, data.x_train[val], args.val_samples), data.y_train[val]))
 
     desc = f"{method}={setting}/{kind}/seed {seed}"
-    return train_with_checkpoints(step_fn, args.steps, args.eval_every, validate, desc), svi_model, guide
+    return train_with_checkpoints(step_fn, args.steps, args.eval_every, validate, desc), model, guide
 
 
 def run(method: str, kind: str, seed: int, args) -> tuple[dict, tuple]:
@@ -103,10 +100,10 @@ def run(method: str, kind: str, seed: int, args) -> tuple[dict, tuple]:
     start = time.perf_counter()
     chosen = select_best(settings, lambda setting: fit_candidate(method, kind, setting, data, fit, val, seed, args))
     seconds = time.perf_counter() - start
-    val_score, state, step, setting, svi_model, guide = chosen
+    val_score, state, step, setting, model, guide = chosen
     pyro.get_param_store().set_state(state)
     pyro.set_rng_seed(1000 + seed)
-    logits = _logits(svi_model, guide, data.x_test, args.samples)
+    logits = _logits(model, guide, data.x_test, args.samples)
     row = {
         "method": method,
         "model": kind,

@@ -52,12 +52,11 @@ def epoch_timer(network: str, method: str, data, batch_size: int):
     pyro.set_rng_seed(0)
     model = make_model()
     guide = METHODS[method](model)
-    svi_model = guide.model if isinstance(guide, AutoVSDGuide) else model
     # Each method keeps its own parameters: a private param store, swapped in while it runs.
     store = pyro.poutine.runtime._PYRO_PARAM_STORE
     state: Any = {"params": {}, "constraints": {}}
     store.set_state(state)
-    svi = SVI(svi_model, guide, PyroOptim(torch.optim.Adam, {"lr": 1e-3}), Trace_ELBO())
+    svi = SVI(model, guide, PyroOptim(torch.optim.Adam, {"lr": 1e-3}), Trace_ELBO())
     num = len(data.y_train)
 
     def run_epoch() -> float:

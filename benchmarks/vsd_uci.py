@@ -56,15 +56,15 @@ from pyro_whvi.models import BayesianMLP
 METHODS = ("vsd", "vsd-h", "mcd")
 
 
-def _predict(svi_model, guide, x, samples: int) -> torch.Tensor:
+def _predict(model, guide, x, samples: int) -> torch.Tensor:
     with torch.no_grad():
-        predictive = Predictive(svi_model, guide=guide, num_samples=samples, return_sites=["f"])
+        predictive = Predictive(model, guide=guide, num_samples=samples, return_sites=["f"])
         return predictive(x)["f"].reshape(samples, -1)
 
 
 def fit_candidate(method: str, candidate: tuple[float, float | None], data, fit, val, split: int, args):
     """Train one candidate ``(setting, fixed noise scale or None to learn it)``; return (best validation LL,
-    parameter-store state at that step, step), the model and guide."""
+    parameter-store state at that step, step), the guide and the model (which the guide transforms in place)."""
     setting, held_noise = candidate
     pyro.set_rng_seed(split)
     pyro.clear_param_store()
@@ -83,16 +83,15 @@ def fit_candidate(method: str, candidate: tuple[float, float | None], data, fit,
             hide=hide,
             hierarchical=method == "vsd-h",
         )
-        svi_model = guide.model
     elif method == "mcd":
-        guide, svi_model = AutoDelta(model, init_loc_fn=init_to_sample), model
+        guide = AutoDelta(model, init_loc_fn=init_to_sample)
     else:
         raise ValueError(f"unknown method {method!r}; choose from {METHODS}")
     annealing = KLAnnealing(args.kl_weight if method == "mcd" else setting)
     optim = PyroOptim(torch.optim.Adam, {"lr": args.lr})
-    svi = SVI(annealing(svi_model), annealing(guide), optim, Trace_ELBO())
+    svi = SVI(annealing(model), annealing(guide), optim, Trace_ELBO())
     # Phase one: the noise scale is hidden from the trace SVI collects parameters from, so it stays fixed.
-    blocked = pyro.poutine.block(annealing(svi_model), hide=["noise_scale"])
+    blocked = pyro.poutine.block(annealing(model), hide=["noise_scale"])
     svi_noise_held = SVI(blocked, annealing(guide), optim, Trace_ELBO())
     x_fit, y_fit = data.x_train[fit], data.y_train[fit]
     if args.init == "iblm" and isinstance(guide, AutoVSDGuide):
@@ -114,12 +113,12 @@ def fit_candidate(method: str, candidate: tuple[float, float | None], data, fit,
         return runner.step(x_fit[batch], y_fit[batch], num_data=len(y_fit))
 
     def validate() -> float:
-        f = _predict(svi_model, guide, data.x_train[val], args.val_samples)
+        f = _predict(model, guide, data.x_train[val], args.val_samples)
         return -gaussian_mnll(f, cast(torch.Tensor, model.noise_scale).detach(), data.y_train[val])
 
     desc = f"{method}={setting}" + ("" if held_noise is None else f", noise {held_noise}") + f" split {split}"
     best = train_with_checkpoints(step_fn, args.steps, args.eval_every, validate, desc)
-    return best, svi_model, guide, model
+    return best, guide, model
 
 
 def run_split(method: str, data_dir: Path, split: int, args) -> dict:
@@ -131,10 +130,10 @@ def run_split(method: str, data_dir: Path, split: int, args) -> dict:
     start = time.perf_counter()
     chosen = select_best(candidates, lambda cand: fit_candidate(method, cand, data, fit, val, split, args))
     seconds = time.perf_counter() - start
-    val_ll, state, step, (setting, fixed_noise), svi_model, guide, model = chosen
+    val_ll, state, step, (setting, fixed_noise), guide, model = chosen
     pyro.get_param_store().set_state(state)
     pyro.set_rng_seed(1000 + split)
-    f = _predict(svi_model, guide, data.x_test, args.samples)
+    f = _predict(model, guide, data.x_test, args.samples)
     noise = cast(torch.Tensor, model.noise_scale).detach()
     return {
         "method": method,

@@ -62,9 +62,9 @@ def _train(
     method: str, model: BayesianMLP, expose: str | None, x: Tensor, y: Tensor, steps: int, batch: int | None, seed: int
 ):
     pyro.clear_param_store()
-    guide, svi_model = make_guide(method, model, flows=3, expose=expose)
+    guide = make_guide(method, model, flows=3, expose=expose)
     optimizer = pyro.optim.ClippedAdam({"lr": 0.01, "lrd": 0.1 ** (1 / max(steps, 1))})
-    svi = SVI(svi_model, guide, optimizer, Trace_ELBO())
+    svi = SVI(model, guide, optimizer, Trace_ELBO())
     generator = torch.Generator().manual_seed(seed)
     for _ in tqdm(range(steps), desc=LABELS[method], leave=False, mininterval=1.0):
         if batch is None or batch >= len(y):
@@ -72,7 +72,7 @@ def _train(
         else:  # the model scales the minibatch's likelihood to the whole training set
             index = torch.randint(len(y), (batch,), generator=generator)
             svi.step(x[index], y[index], num_data=len(y))
-    return svi_model, guide
+    return guide
 
 
 def _toy(method: str, config: DemoConfig) -> dict[str, Any]:
@@ -86,9 +86,9 @@ def _toy(method: str, config: DemoConfig) -> dict[str, Any]:
         [1, 128, 128, 1], activation=torch.cos, noise_scale=TOY_NOISE_SCALE, learn_noise=False, dropout=dropout
     )
     start = time.perf_counter()
-    svi_model, guide = _train(method, model, "all", x, y, config.toy_steps, None, config.seed)
+    guide = _train(method, model, "all", x, y, config.toy_steps, None, config.seed)
     seconds = time.perf_counter() - start
-    f = predictive_samples(svi_model, guide, torch.cat([x, grid]), config.samples)
+    f = predictive_samples(model, guide, torch.cat([x, grid]), config.samples)
     on_data, on_grid = f[:, : len(y)], f[:, len(y) :]
     in_gap = (grid[:, 0] > TOY_GAP[0]) & (grid[:, 0] < TOY_GAP[1])
     truth = toy_function(grid[:, 0])
@@ -113,9 +113,9 @@ def _digits(method: str, config: DemoConfig) -> dict[str, Any]:
     pyro.set_rng_seed(config.seed + 1)
     model = BayesianMLP([64, 128, 10], likelihood="categorical", dropout=dropout)
     start = time.perf_counter()
-    svi_model, guide = _train(method, model, None, data.x_train, data.y_train, config.digits_steps, 128, config.seed)
+    guide = _train(method, model, None, data.x_train, data.y_train, config.digits_steps, 128, config.seed)
     seconds = time.perf_counter() - start
-    logits = predictive_samples(svi_model, guide, data.x_test, config.samples)
+    logits = predictive_samples(model, guide, data.x_test, config.samples)
     return {
         "digits_error": float(error_rate(logits, data.y_test)),
         "digits_nll": float(categorical_nll(logits, data.y_test)),

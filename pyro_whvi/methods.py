@@ -110,15 +110,15 @@ class Schedule:
             raise ValueError(f"Schedule: lr > 0, lr_gamma >= 0 and lr_power >= 0 expected, got {self}.")
 
 
-def make_guide(base: str, model, *, flows: int = 3, reflections: int = 1, **whvi_options) -> tuple[Any, Any]:
-    """The guide of base method ``base`` (a name in :data:`BASE_METHODS`) for ``model``, and the model ``SVI`` takes.
+def make_guide(base: str, model, *, flows: int = 3, reflections: int = 1, **whvi_options) -> Any:
+    """The guide of base method ``base`` (a name in :data:`BASE_METHODS`) for ``model``.
+
+    ``model`` itself then goes to ``SVI`` and ``Predictive`` for every method (the structured guides
+    transform it in place). For ``mcd`` the model must have dropout: the guide is a point estimate.
 
     :param flows: planar flows over each site's ``g`` (``nf-whvi``).
     :param reflections: Householder reflections ``T`` of VSD's noise (``vsd``).
     :param whvi_options: passed to :class:`~pyro_whvi.AutoWHVIGuide` (``whvi``, ``nf-whvi``).
-    :returns: ``(guide, svi_model)``; ``svi_model`` is ``guide.model`` for the structured guides
-        (their reparameterized model) and ``model`` itself otherwise. For ``mcd`` the model must
-        have dropout: the guide is a point estimate.
     """
     guide: Any
     if base == "mfg":
@@ -131,8 +131,7 @@ def make_guide(base: str, model, *, flows: int = 3, reflections: int = 1, **whvi
         guide = AutoWHVIGuide(model, flows=flows if base == "nf-whvi" else 0, **whvi_options)
     else:
         raise ValueError(f"unknown method {base!r}; choose from {', '.join(BASE_METHODS)}")
-    svi_model = guide.model if isinstance(guide, AutoWHVIGuide | AutoVSDGuide) else model
-    return guide, svi_model
+    return guide
 
 
 def build_method(
@@ -145,14 +144,13 @@ def build_method(
     dropout: float = 0.005,
     flows: int = 3,
     reflections: int = 1,
-) -> tuple[BayesianMLP, Any, Any]:
-    """A fresh ``BayesianMLP`` with ``widths``, its guide for the method, and the model ``SVI`` takes.
+) -> tuple[BayesianMLP, Any]:
+    """A fresh ``BayesianMLP`` with ``widths`` and its guide for the method.
 
     :param dropout: MC dropout's rate (``mcd`` only; the WHVI paper's UCI experiments use 0.005).
     :param flows: planar flows over each site's ``g`` (``nf-whvi``).
     :param reflections: Householder reflections ``T`` of VSD's noise (``vsd``).
-    :returns: ``(model, guide, svi_model)``; ``svi_model`` is ``guide.model`` for the structured
-        guides (their reparameterized model) and the model itself otherwise.
+    :returns: ``(model, guide)``.
     """
     spec = parse_method(spec) if isinstance(spec, str) else spec
     model = BayesianMLP(
@@ -162,24 +160,22 @@ def build_method(
         likelihood=likelihood,
         dropout=dropout if spec.base == "mcd" else 0.0,
     )
-    # WHVI as in the paper's set-up (§3.2): every layer but the last, which is mean-field. Biases go on
-    # WHVI blocks too (§2.5): as mean-field sites their KL outweighed the data on small UCI sets.
-    guide, svi_model = make_guide(
-        spec.base, model, flows=flows, reflections=reflections, expose="all", mean_field_last_layer=True
-    )
-    return model, guide, svi_model
+    # WHVI as in the paper's set-up (§3.2, the "paper" preset): every layer but the last, which is
+    # mean-field (weight and bias). Biases go on WHVI blocks too (§2.5): as mean-field sites their KL
+    # outweighed the data on small UCI sets.
+    guide = make_guide(spec.base, model, flows=flows, reflections=reflections, preset="paper")
+    return model, guide
 
 
-def _without_noise_parameter(svi_model):
+def _without_noise_parameter(model):
     """The model with its ``noise_scale`` parameter hidden from SVI, which then leaves it unchanged."""
-    return pyro.poutine.block(svi_model, hide_fn=lambda msg: msg["type"] == "param" and msg["name"] == "noise_scale")
+    return pyro.poutine.block(model, hide_fn=lambda msg: msg["type"] == "param" and msg["name"] == "noise_scale")
 
 
 def fit(
     spec: MethodSpec | str,
     model: BayesianMLP,
     guide,
-    svi_model,
     x: Tensor,
     y: Tensor,
     schedule: Schedule = Schedule(),
@@ -213,8 +209,8 @@ def fit(
     has_noise = model.likelihood == "gaussian" and isinstance(model.noise_scale, torch.Tensor)
     fixed_phase = schedule.fixed_noise_steps if has_noise else 0
     phases = [
-        SVI(_without_noise_parameter(svi_model), guide, optimizer, Trace_ELBO()),
-        SVI(svi_model, guide, optimizer, Trace_ELBO()),
+        SVI(_without_noise_parameter(model), guide, optimizer, Trace_ELBO()),
+        SVI(model, guide, optimizer, Trace_ELBO()),
     ]
     generator = torch.Generator().manual_seed(seed)
     batch = schedule.batch_size
@@ -233,9 +229,9 @@ def fit(
     return losses
 
 
-def predictive_samples(svi_model, guide, x: Tensor, num_samples: int = 64) -> Tensor:
+def predictive_samples(model, guide, x: Tensor, num_samples: int = 64) -> Tensor:
     """Monte-Carlo samples of the network output ``f``: ``(S, N)`` for one output, else ``(S, N, C)``."""
     with torch.no_grad(), pyro.validation_enabled(False):
-        f = Predictive(svi_model, guide=guide, num_samples=num_samples, return_sites=["f"])(x)["f"]
+        f = Predictive(model, guide=guide, num_samples=num_samples, return_sites=["f"])(x)["f"]
     f = f.reshape(num_samples, x.shape[0], -1)
     return f[..., 0] if f.shape[-1] == 1 else f

@@ -170,7 +170,7 @@ def run_split(source: str | Path, spec: MethodSpec, split: int, config: UCIConfi
     pyro.clear_param_store()
     regression = data.task == "regression"
     widths = [data.x_train.shape[1], *[config.hidden] * config.layers, 1 if regression else data.num_classes]
-    model, guide, svi_model = build_method(
+    model, guide = build_method(
         spec,
         widths,
         likelihood="gaussian" if regression else "categorical",
@@ -185,7 +185,6 @@ def run_split(source: str | Path, spec: MethodSpec, split: int, config: UCIConfi
         spec,
         model,
         guide,
-        svi_model,
         data.x_train,
         data.y_train,
         config.schedule,
@@ -193,7 +192,7 @@ def run_split(source: str | Path, spec: MethodSpec, split: int, config: UCIConfi
         progress=label if config.progress else False,
     )
     seconds = time.perf_counter() - start
-    f = predictive_samples(svi_model, guide, data.x_test, config.samples)
+    f = predictive_samples(model, guide, data.x_test, config.samples)
     noise = model.noise_scale.detach() if regression else None  # type: ignore[union-attr]
     extra = {} if regression else {"reliability": [t.tolist() for t in reliability_diagram(f, data.y_test)]}
     row = {

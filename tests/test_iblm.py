@@ -127,11 +127,10 @@ def test_every_guide_classifies_after_iblm_and_trains(name):
     model = BayesianMLP([4, 16, 3], likelihood="categorical")
     guide = GUIDES[name](model)
     iblm_(guide, (x, labels), batch_size=64)
-    svi_model = model if isinstance(guide, AutoNormal) else guide.model
-    logits = Predictive(svi_model, guide=guide, num_samples=20, return_sites=["f"], parallel=False)(x)["f"]
+    logits = Predictive(model, guide=guide, num_samples=20, return_sites=["f"], parallel=False)(x)["f"]
     accuracy = (logits.reshape(20, 120, 3).softmax(-1).mean(0).argmax(-1) == labels).double().mean()
     assert accuracy > 0.8
-    svi = SVI(svi_model, guide, PyroOptim(torch.optim.Adam, {"lr": 1e-3}), Trace_ELBO())
+    svi = SVI(model, guide, PyroOptim(torch.optim.Adam, {"lr": 1e-3}), Trace_ELBO())
     assert torch.isfinite(torch.tensor(svi.step(x, labels)))
 
 
@@ -303,13 +302,13 @@ def test_algorithm_1_targets_make_hidden_units_identical_and_diversify_fixes_the
 
 
 def test_median_propagation_sees_the_median_network():
-    from pyro_whvi.init.layers import capture_layer_inputs, find_layers, original_model
+    from pyro_whvi.init.layers import capture_layer_inputs, find_layers
 
     x, y = _linear_data(20, 3, 1)
     model = BayesianMLP([3, 4, 1])
     guide = AutoNormal(model)
     guide(x, y)
-    layers = find_layers(original_model(guide), pyro.poutine.trace(model).get_trace(x, y))
+    layers = find_layers(model, pyro.poutine.trace(model).get_trace(x, y))
     inputs = capture_layer_inputs(guide, layers[1], x, y, samples=0)
     median = guide.median()
     expected = torch.relu(x @ median["layers.0.weight"].T + median["layers.0.bias"])

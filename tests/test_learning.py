@@ -22,18 +22,16 @@ def _fit(method: str) -> dict[str, float]:
     model = BayesianMLP([1, 128, 128, 1], activation=torch.cos, noise_scale=TOY_NOISE_SCALE, learn_noise=False)
     if method == "autonormal":
         guide = AutoNormal(model, init_loc_fn=init_to_sample, init_scale=0.01)
-        svi_model = model
     else:
         # Every weight and bias under WHVI, vectors reshaped onto square blocks (paper §2.5).
         guide = AutoWHVIGuide(model, expose="all", flows=3 if method == "nf-whvi" else 0)
-        svi_model = guide.model
     optim = pyro.optim.ClippedAdam({"lr": 0.01, "lrd": 0.1 ** (1 / STEPS)})
-    svi = SVI(svi_model, guide, optim, Trace_ELBO())
+    svi = SVI(model, guide, optim, Trace_ELBO())
     for _ in range(STEPS):
         svi.step(x, y)
     grid = torch.linspace(-1, 2, 61).unsqueeze(-1)
     with torch.no_grad():
-        predictive = Predictive(svi_model, guide=guide, num_samples=300, return_sites=["f"])
+        predictive = Predictive(model, guide=guide, num_samples=300, return_sites=["f"])
         f = predictive(torch.cat([x, grid]))["f"].reshape(300, -1)
     in_gap = (grid[:, 0] > TOY_GAP[0]) & (grid[:, 0] < TOY_GAP[1])
     return {

@@ -41,12 +41,10 @@ def test_method_names_parse_with_specific_errors():
 def test_every_method_trains_with_svi_and_predicts(method):
     x = torch.randn(40, 3)
     y = x[:, 0] - x[:, 1]
-    model, guide, svi_model = build_method(method, [3, 8, 8, 1])
-    losses = fit(
-        method, model, guide, svi_model, x, y, Schedule(steps=30, fixed_noise_steps=5, batch_size=16), progress=False
-    )
+    model, guide = build_method(method, [3, 8, 8, 1])
+    losses = fit(method, model, guide, x, y, Schedule(steps=30, fixed_noise_steps=5, batch_size=16), progress=False)
     assert len(losses) == 30 and all(math.isfinite(v) for v in losses)
-    f = predictive_samples(svi_model, guide, x[:7], num_samples=5)
+    f = predictive_samples(model, guide, x[:7], num_samples=5)
     assert f.shape == (5, 7) and torch.isfinite(f).all()
     assert f.std(0).mean() > 0  # predictions vary across posterior (or dropout) samples
 
@@ -55,19 +53,19 @@ def test_every_method_trains_with_svi_and_predicts(method):
 def test_classification_methods_predict_logits(method):
     x = torch.randn(30, 4)
     y = (x[:, 0] > 0).long()
-    model, guide, svi_model = build_method(method, [4, 8, 2], likelihood="categorical")
-    fit(method, model, guide, svi_model, x, y, Schedule(steps=5, batch_size=None), progress=False)
-    logits = predictive_samples(svi_model, guide, x, 3)
+    model, guide = build_method(method, [4, 8, 2], likelihood="categorical")
+    fit(method, model, guide, x, y, Schedule(steps=5, batch_size=None), progress=False)
+    logits = predictive_samples(model, guide, x, 3)
     assert logits.shape == (3, 30, 2) and torch.isfinite(logits).all()
 
 
 def test_noise_is_fixed_in_the_first_phase_then_learned():
     x = torch.randn(50, 2)
     y = 3 * x[:, 0]
-    model, guide, svi_model = build_method("mfg", [2, 8, 1], noise_scale=0.1)
-    fit("mfg", model, guide, svi_model, x, y, Schedule(steps=20, fixed_noise_steps=20), progress=False)
+    model, guide = build_method("mfg", [2, 8, 1], noise_scale=0.1)
+    fit("mfg", model, guide, x, y, Schedule(steps=20, fixed_noise_steps=20), progress=False)
     assert float(pyro.param("noise_scale").detach()) == pytest.approx(0.1, abs=1e-12)
-    fit("mfg", model, guide, svi_model, x, y, Schedule(steps=20, fixed_noise_steps=0, lr=0.05), progress=False)
+    fit("mfg", model, guide, x, y, Schedule(steps=20, fixed_noise_steps=0, lr=0.05), progress=False)
     assert float(pyro.param("noise_scale").detach()) > 0.11  # a poor fit of y = 3 x_0 pushes the noise up
 
 
@@ -182,7 +180,7 @@ def test_uci_summary_script_compares_with_the_paper(tmp_path):
 
 
 def test_whvi_method_is_the_papers_set_up():
-    _, guide, _ = build_method("whvi", [3, 8, 8, 1])
+    _, guide = build_method("whvi", [3, 8, 8, 1])
     guide(torch.randn(4, 3), torch.randn(4))
     whvi_sites = set(guide.structured_sites)
     # every weight and bias under WHVI except the last layer's (mean-field, WHVI paper §3.2)

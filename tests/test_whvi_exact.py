@@ -127,6 +127,7 @@ def test_local_path_has_the_materialized_path_marginals(covariance, flows):
     model_trace = pyro.poutine.trace(pyro.poutine.replay(guide.model, trace=guide_trace)).get_trace(x)
     weight = model_trace.nodes["linear.weight"]["value"]
     num_draws = 20000
+    weight.reset_example_noise()  # the 3 examples were drawn in the traced execution; 60,000 now
     with torch.no_grad():
         local = F.linear(x.repeat(num_draws, 1), weight).reshape(num_draws, 3, D_OUT)
         dense = weight.distribution.rsample((num_draws,))

@@ -59,16 +59,16 @@ def make_guide(init: str):
     return model, guide
 
 
-def band(guide):
-    predictive = Predictive(guide.model, guide=guide, num_samples=100, return_sites=["f"], parallel=False)
+def band(model, guide):
+    predictive = Predictive(model, guide=guide, num_samples=100, return_sites=["f"], parallel=False)
     f = predictive(grid)["f"].reshape(100, -1)
     return f.mean(0), f.std(0)
 
 
 fig, axes = plt.subplots(1, 2, figsize=(9, 3.2), sharey=True)
 for ax, init in zip(axes, ("default", "iblm")):
-    _, guide = make_guide(init)
-    mean, std = band(guide)
+    model, guide = make_guide(init)
+    mean, std = band(model, guide)
     ax.fill_between(grid[:, 0], mean - 2 * std, mean + 2 * std, alpha=0.3, label="±2 sd")
     ax.plot(grid[:, 0], mean, label="predictive mean")
     ax.scatter(x[:, 0], y, s=6, color="k", label="data")
@@ -96,11 +96,11 @@ x_test, y_test = toy_regression_1d(256, seed=1)
 
 def train(init: str, steps: int) -> list[float]:
     model, guide = make_guide(init)
-    svi = SVI(guide.model, guide, PyroOptim(torch.optim.Adam, {"lr": 1e-2}), Trace_ELBO())
+    svi = SVI(model, guide, PyroOptim(torch.optim.Adam, {"lr": 1e-2}), Trace_ELBO())
     curve = []
     for step in range(steps + 1):
         if step % max(steps // 20, 1) == 0:
-            predictive = Predictive(guide.model, guide=guide, num_samples=50, return_sites=["f"], parallel=False)
+            predictive = Predictive(model, guide=guide, num_samples=50, return_sites=["f"], parallel=False)
             f = predictive(x_test)["f"].reshape(50, -1)
             noise = float(model.noise_scale.detach())
             log_lik = torch.distributions.Normal(f, noise).log_prob(y_test).logsumexp(0) - math.log(50)

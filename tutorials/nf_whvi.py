@@ -61,20 +61,20 @@ def make(flows=0):
 # %%
 
 
-def gradient_draws(guide, local: bool, draws=GRADIENT_DRAWS):
+def gradient_draws(model, guide, local: bool, draws=GRADIENT_DRAWS):
     guide.local_reparameterization = local
     elbo = Trace_ELBO()
     mean_of_g = dict(guide.named_parameters())["locs.layers.1.weight_whvi_g_unconstrained"]
     grads = []
     for _ in range(draws):
-        loss = elbo.differentiable_loss(guide.model, guide, x, y)
+        loss = elbo.differentiable_loss(model, guide, x, y)
         (grad,) = torch.autograd.grad(loss, mean_of_g)
         grads.append(grad.flatten())
     return torch.stack(grads)
 
 
-_, guide = make()
-with_local, without_local = gradient_draws(guide, True), gradient_draws(guide, False)
+model, guide = make()
+with_local, without_local = gradient_draws(model, guide, True), gradient_draws(model, guide, False)
 ratio = (without_local.var(0).sum() / with_local.var(0).sum()).item()
 print(f"gradient variance (mean of g, 128 x 128 layer): {ratio:.1f}x lower with local reparameterization")
 
@@ -98,11 +98,11 @@ plt.close(fig)
 
 
 def fit(flows):
-    _, guide = make(flows)
-    svi = SVI(guide.model, guide, PyroOptim(torch.optim.Adam, {"lr": 0.01}), Trace_ELBO())
+    model, guide = make(flows)
+    svi = SVI(model, guide, PyroOptim(torch.optim.Adam, {"lr": 0.01}), Trace_ELBO())
     losses = [svi.step(x, y) for _ in range(STEPS)]
     with torch.no_grad():
-        f = Predictive(guide.model, guide=guide, num_samples=200, return_sites=["f"])(grid)["f"].reshape(200, -1)
+        f = Predictive(model, guide=guide, num_samples=200, return_sites=["f"])(grid)["f"].reshape(200, -1)
     g = guide.get_posterior("layers.1.weight").sample((2000,)).reshape(2000, -1)  # q(g), 128 x 128 layer
     return losses, f, g, sum(p.numel() for p in guide.parameters())
 

@@ -50,7 +50,7 @@ print(f"{num_data} training and {len(data.y_test)} test images")
 # `BayesianCNN` is an ordinary `PyroModule` (two 3x3 conv layers, one hidden FC layer) with
 # `N(0, 1/fan_in)` priors on every weight. `AutoVSDGuide(model, reflections=2)` gives its four weight
 # sites VSD noise with `T = 2` Householder reflections; biases get a mean-field Normal. As with WHVI,
-# the guide exposes a reparameterized model, `guide.model`, that `SVI` and `Predictive` take.
+# the guide transforms the model in place, and the same `model` goes to `SVI` and `Predictive`.
 #
 # The VSD paper tempers the KL on classification (App. I.1–I.2: a factor of 0.1–0.5):
 # `KLAnnealing` wraps the model and the guide, and works with any guide.
@@ -58,18 +58,18 @@ print(f"{num_data} training and {len(data.y_test)} test images")
 # %%
 
 
-def train(guide, svi_model, kl_weight=1.0):
+def train(model, guide, kl_weight=1.0):
     annealing = KLAnnealing(kl_weight)
-    svi = SVI(annealing(svi_model), annealing(guide), PyroOptim(torch.optim.Adam, {"lr": 2e-3}), Trace_ELBO())
+    svi = SVI(annealing(model), annealing(guide), PyroOptim(torch.optim.Adam, {"lr": 2e-3}), Trace_ELBO())
     generator = torch.Generator().manual_seed(0)
     for _ in range(STEPS):
         index = torch.randint(num_data, (100,), generator=generator)
         svi.step(data.x_train[index], data.y_train[index], num_data=num_data)
 
 
-def evaluate(svi_model, guide):
+def evaluate(model, guide):
     with torch.no_grad():
-        predictive = Predictive(svi_model, guide=guide, num_samples=SAMPLES, return_sites=["f"])
+        predictive = Predictive(model, guide=guide, num_samples=SAMPLES, return_sites=["f"])
         logits = predictive(data.x_test)["f"].reshape(SAMPLES, len(data.y_test), 10)
     return {
         "error": float(error_rate(logits, data.y_test)),
@@ -82,8 +82,8 @@ def evaluate(svi_model, guide):
 pyro.clear_param_store()
 vsd_model = BayesianCNN()
 vsd = AutoVSDGuide(vsd_model, reflections=2)
-train(vsd, vsd.model, kl_weight=0.1)
-results = {"VSD (T = 2)": evaluate(vsd.model, vsd)}
+train(vsd_model, vsd, kl_weight=0.1)
+results = {"VSD (T = 2)": evaluate(vsd_model, vsd)}
 
 # %% [markdown]
 # MC dropout: the same network with dropout on the FC layers' inputs and a point estimate under the
@@ -93,7 +93,7 @@ results = {"VSD (T = 2)": evaluate(vsd.model, vsd)}
 pyro.clear_param_store()
 dropout_model = BayesianCNN(dropout=0.2)
 mc_dropout = AutoDelta(dropout_model, init_loc_fn=init_to_sample)
-train(mc_dropout, dropout_model, kl_weight=0.1)
+train(dropout_model, mc_dropout, kl_weight=0.1)
 results["MC dropout (0.2)"] = evaluate(dropout_model, mc_dropout)
 
 for name, r in results.items():

@@ -83,36 +83,38 @@ grid = torch.linspace(-1.5, 2.5, 200).unsqueeze(-1)
 # `AutoWHVIGuide(model)` puts every weight matrix with both sides > 1 (here the 128 x 128 layer; the
 # 128 x 1 and 1 x 128 ones are vectors) under WHVI and gives the other sites a mean-field Normal.
 # `expose="all"` also puts vectors under WHVI, reshaped onto a square block (§2.5): that is what we
-# use on this toy problem. The guide exposes the reparameterized model as `guide.model`: pass it to
-# `SVI` and `Predictive` where the model goes.
+# use on this toy problem. The guide transforms the model in place (forward hooks on the module), so
+# the same `model` goes to `SVI` and `Predictive`. Since `model` then carries the WHVI transformation,
+# the mean-field comparison gets a fresh `BNN()`.
 
 # %%
 
 
-def train(guide, svi_model, steps=STEPS):
-    svi = SVI(svi_model, guide, PyroOptim(torch.optim.Adam, {"lr": 0.01}), Trace_ELBO())
+def train(model, guide, steps=STEPS):
+    svi = SVI(model, guide, PyroOptim(torch.optim.Adam, {"lr": 0.01}), Trace_ELBO())
     return [svi.step(x, y) for _ in range(steps)]
 
 
-def band(svi_model, guide, samples=200):
+def band(model, guide, samples=200):
     """Mean and sd of f on the grid, from Pyro's Predictive."""
     with torch.no_grad():
-        f = Predictive(svi_model, guide=guide, num_samples=samples, return_sites=["f"])(grid)["f"]
+        f = Predictive(model, guide=guide, num_samples=samples, return_sites=["f"])(grid)["f"]
     f = f.reshape(samples, -1)
     return f.mean(0), f.std(0)
 
 
 pyro.clear_param_store()
 model = BNN()
-whvi = AutoWHVIGuide(model, expose="all")
-whvi_losses = train(whvi, whvi.model)
-bands = {"WHVI": band(whvi.model, whvi)}
+whvi = AutoWHVIGuide(model, expose="all")  # transforms `model` in place
+whvi_losses = train(model, whvi)
+bands = {"WHVI": band(model, whvi)}
 whvi_store = pyro.get_param_store().get_state()  # the trained guide lives in Pyro's param store
 
 pyro.clear_param_store()
-mean_field = AutoNormal(model, init_loc_fn=init_to_sample, init_scale=0.01)  # start at a prior draw, like WHVI
-mean_field_losses = train(mean_field, model)
-bands["mean field (AutoNormal)"] = band(model, mean_field)
+mean_field_model = BNN()  # untransformed: `model` now carries the WHVI guide
+mean_field = AutoNormal(mean_field_model, init_loc_fn=init_to_sample, init_scale=0.01)  # start at a prior draw
+mean_field_losses = train(mean_field_model, mean_field)
+bands["mean field (AutoNormal)"] = band(mean_field_model, mean_field)
 
 
 def count(guide):
@@ -128,7 +130,7 @@ print(f"variational parameters: WHVI {count(whvi):,}, mean field {count(mean_fie
 # ## 3. The predictive bands
 #
 # `band` above used Pyro's `Predictive`. With local reparameterization (the default) `F.linear`
-# draws `g` per example inside the reparameterized model, so `Predictive` works as usual. A good
+# draws `g` per example inside the transformed model, so `Predictive` works as usual. A good
 # posterior's band widens in the gap (shaded), where there are no data.
 
 # %%

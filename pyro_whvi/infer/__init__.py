@@ -3,7 +3,7 @@
 from .annealing import KLAnnealing
 from .autoguide import AutoWHVIGuide
 from .lazy_weight import LazyWeight, VSDWeight, WHVIWeight, local_reparameterization
-from .model import ReparameterizedModel
+from .model import ModelModule, ModelTransform, remove_transform
 from .reparam import WHVIReparam, g_site_name
 from .vsd import EmpiricalBayesPrior, VSDPosterior, z_site_name
 from .vsd_guide import AutoVSDGuide, HouseholderVectors
@@ -15,12 +15,14 @@ __all__ = [
     "HouseholderVectors",
     "KLAnnealing",
     "LazyWeight",
-    "ReparameterizedModel",
+    "ModelModule",
+    "ModelTransform",
     "VSDPosterior",
     "VSDWeight",
     "WHVIReparam",
     "WHVIWeight",
     "g_site_name",
     "local_reparameterization",
+    "remove_transform",
     "z_site_name",
 ]

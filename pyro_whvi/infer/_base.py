@@ -1,9 +1,9 @@
-"""The base of the structured guides: set-up through ``guide.model``, and the mean-field Normal they
+"""The base of the structured guides: the model transformed in place, and the mean-field Normal they
 give every site they do not take.
 
 The mean-field part is as :class:`~pyro.infer.autoguide.AutoNormal`: a Normal in unconstrained
 space per latent site, plates and subsampling included, with the scale initialized relative to the
-prior's. A subclass implements the hooks :class:`~pyro_whvi.infer.ReparameterizedModel` calls
+prior's. A subclass implements the hooks :class:`~pyro_whvi.infer.ModelTransform` calls
 (``select_sites``, ``structured_sites``, ``auxiliary_model_sites``, ``replace_model_site``) and
 ``_init_structured_parameters``.
 """
@@ -26,13 +26,16 @@ from pyro.ops.tensor_utils import periodic_repeat
 from torch.distributions import biject_to
 
 from ._guide_utils import deep_getattr, normal_quantiles, prior_stddev
-from .model import SiteFilter, select_sites
+from .model import ModelTransform, SiteFilter, select_sites
 
 __all__ = ["StructuredAutoGuide"]
 
 
 class StructuredAutoGuide(AutoGuide):
-    """``AutoGuide`` over ``guide.model``; ``self.locs``/``self.scales`` hold a mean-field Normal per other site."""
+    """``AutoGuide`` over the model it transforms; ``self.locs``/``self.scales``: a mean-field Normal per other site.
+
+    ``guide.model`` is the user's model object itself (transformed in place, see :mod:`pyro_whvi.infer.model`).
+    """
 
     scale_constraint = constraints.softplus_positive
     locs: PyroModule
@@ -42,6 +45,11 @@ class StructuredAutoGuide(AutoGuide):
     _expose: SiteFilter | None
     _hide: SiteFilter | None
     model_site_shapes: dict | None
+    model_transform: ModelTransform
+
+    def _transform_model(self, model) -> None:
+        """Install this guide's transformation on ``model`` (call right after ``AutoGuide.__init__``)."""
+        self.model_transform = ModelTransform(model, self)
 
     @property
     def structured_sites(self) -> dict | None:
@@ -52,7 +60,7 @@ class StructuredAutoGuide(AutoGuide):
         sites = self.structured_sites
         if sites is None:
             raise RuntimeError(
-                f"{type(self).__name__}: the weight sites are chosen on the first call of the guide or guide.model."
+                f"{type(self).__name__}: the weight sites are chosen on the first call of the guide or the model."
             )
         return sites
 
@@ -74,7 +82,9 @@ class StructuredAutoGuide(AutoGuide):
         """Posterior medians of every latent site, and of each structured weight under its own name."""
         return {name: value[0] for name, value in self.quantiles([0.5], num_samples=num_samples).items()}
 
-    def _trace_and_select(self, original_model, args, kwargs, *, check_site, is_default, last_mean_field=False):
+    def _trace_and_select(
+        self, original_model, args, kwargs, *, check_site, is_default, mean_field_last_layer=False
+    ) -> dict:
         """Trace the user's model once: record its sample-site shapes, return the selected weight sites."""
         self.model_site_shapes, sites = select_sites(
             original_model,
@@ -82,7 +92,7 @@ class StructuredAutoGuide(AutoGuide):
             kwargs,
             expose=self._expose,
             hide=self._hide,
-            last_mean_field=last_mean_field,
+            mean_field_last_layer=mean_field_last_layer,
             check_site=check_site,
             is_default=is_default,
             guide_name=type(self).__name__,
@@ -97,12 +107,17 @@ class StructuredAutoGuide(AutoGuide):
             )
         return sites
 
+    def guide_site(self, weight_site: str) -> str:
+        """The site this guide samples for a structured weight site (marked with ``GUIDE_KEY``)."""
+        raise NotImplementedError
+
     def _sample_structured(self, name: str, sampled: dict) -> torch.Tensor | None:
         """Sample site ``name`` if the guide structures it (``sampled``: the values so far), else ``None``."""
         raise NotImplementedError
 
     def forward(self, *args, **kwargs):
-        """Sample every latent site of ``guide.model``; returns ``{site: value}``."""
+        """Sample every latent site of the transformed model; returns ``{site: value}``."""
+        self.model_transform.check_attached()
         if self.prototype_trace is None:
             self._setup_prototype(*args, **kwargs)
         plates = self._create_plates(*args, **kwargs)
@@ -117,7 +132,9 @@ class StructuredAutoGuide(AutoGuide):
         raise NotImplementedError
 
     def _setup_prototype(self, *args, **kwargs):
-        self._in_setup = True  # guide.model applies init_loc_fn while the prototype is traced
+        if self.structured_sites is None:
+            self.model_transform.select(args, kwargs)
+        self._in_setup = True  # the transformed model applies init_loc_fn while the prototype is traced
         try:
             super()._setup_prototype(*args, **kwargs)
         finally:

@@ -6,6 +6,9 @@ from operator import attrgetter
 
 import pyro.distributions as dist
 import torch
+from pyro.distributions import constraints
+from pyro.nn import PyroModule, PyroParam
+from torch import nn
 
 from ..distributions.whvi_matrix import base_distribution, has_real_support
 
@@ -17,6 +20,7 @@ __all__ = [
     "marginal_std",
     "normal_quantiles",
     "prior_stddev",
+    "pyro_params_",
 ]
 
 
@@ -68,3 +72,21 @@ def empirical_quantiles(samples, levels):
 
 def marginal_std(posterior):
     return base_distribution(posterior).variance.sqrt()
+
+
+def pyro_params_(module: nn.Module) -> nn.Module:
+    """Turn every plain ``nn.Parameter`` of the ``PyroModule`` s in ``module`` into an unconstrained ``PyroParam``.
+
+    With ``pyro.settings.set(module_local_params=True)`` Pyro hands a plain ``nn.Parameter`` of a
+    ``PyroModule`` to ``pyro.param`` handlers as it is, without the ``unconstrained()`` accessor that
+    ``SVI.step`` calls (Pyro's own ``AutoIAFNormal`` fails the same way); a ``PyroParam`` has it in
+    both modes. Values and the module's behaviour are unchanged; ``state_dict`` keys gain ``_unconstrained``.
+    """
+    for submodule in module.modules():
+        if not isinstance(submodule, PyroModule):
+            continue
+        for name in [name for name in submodule._parameters if not name.endswith("_unconstrained")]:
+            value = submodule._parameters.pop(name)
+            if value is not None:
+                setattr(submodule, name, PyroParam(value.detach().clone(), constraints.real))
+    return module

@@ -7,11 +7,12 @@ through planar flows (NF-WHVI). Every other latent site gets a mean-field Normal
 :class:`~pyro.infer.autoguide.AutoNormal`. Train with Pyro's own machinery::
 
     guide = AutoWHVIGuide(model)
-    svi = SVI(guide.model, guide, Adam({"lr": 1e-3}), Trace_ELBO())
+    svi = SVI(model, guide, Adam({"lr": 1e-3}), Trace_ELBO())
 
-``guide.model`` is the reparameterized model; use it wherever the model goes (``SVI``,
-``Predictive``). In it, ``F.linear``/``F.conv2d`` on a WHVI weight draw ``g`` per example
-(local reparameterization), unless ``guide.local_reparameterization = False``.
+The guide transforms ``model`` in place (:mod:`pyro_whvi.infer.model`): the same object goes to
+``SVI``, ``Trace_ELBO()(model, guide)``, ``Predictive`` and ``iblm_``. In it, ``F.linear``/``F.conv2d``
+on a WHVI weight draw ``g`` per example (local reparameterization), unless
+``guide.local_reparameterization = False``.
 
 References:
     S. Rossi, S. Marmin, M. Filippone. *Walsh-Hadamard Variational Inference for Bayesian Deep
@@ -35,21 +36,32 @@ from torch import nn
 
 from ..distributions import PlanarFlowNormal, WHVILayout, WHVIMatrix, WHVINormal
 from ._base import StructuredAutoGuide
-from ._guide_utils import deep_getattr, empirical_quantiles, has_deep_attr, marginal_std, normal_quantiles
-from .lazy_weight import local_reparameterization_enabled
-from .model import ReparameterizedModel, SiteFilter
+from ._guide_utils import (
+    deep_getattr,
+    empirical_quantiles,
+    has_deep_attr,
+    marginal_std,
+    normal_quantiles,
+    pyro_params_,
+)
+from .lazy_weight import check_example_dim, local_reparameterization_enabled
+from .model import GUIDE_KEY, SiteFilter
 from .reparam import POSTERIOR_KEY, WHVIReparam, check_whvi_site, g_site_name, init_whvi_scales
 
 __all__ = ["AutoWHVIGuide"]
 
 COVARIANCES = ("diagonal", "full", "lowrank")
 
+#: Named settings: ``"paper"`` is the set-up of the WHVI paper's UCI and classification experiments
+#: (§3.2): every weight and bias on WHVI blocks, the last layer (weight and bias) mean-field.
+PRESETS: dict[str, dict] = {"paper": {"expose": "all", "mean_field_last_layer": True}}
+
 
 class _GuideOwnedReparam(WHVIReparam):
     """WHVIReparam whose ``s1``, ``s2`` live in the guide, so ``guide.state_dict()`` holds them."""
 
     def __init__(self, guide: AutoWHVIGuide):
-        super().__init__(guide.prior_variance)
+        super().__init__(guide.prior_variance, example_dim=guide.example_dim, strict=guide.strict)
         self._guide = (guide,)
 
     def local_enabled(self) -> bool:
@@ -92,10 +104,18 @@ class AutoWHVIGuide(StructuredAutoGuide):
         site with at least two entries), replacing the default choice; vectors (reshaped onto a square
         block, §2.5) and conv filter banks are allowed here.
     :param hide: sites to keep out of WHVI (names or a predicate); they get the mean-field guide.
-    :param mean_field_last_layer: give the last selected weight site a mean-field guide, as in the
-        paper's experiments (§3.2).
+    :param mean_field_last_layer: give the last layer a mean-field guide, as in the paper's experiments
+        (§3.2): every latent site of the module that holds the model's last weight (in execution
+        order), its weight and bias together.
+    :param preset: a name in :data:`PRESETS` whose settings fill the arguments left unset
+        (``"paper"``: ``expose="all"``, ``mean_field_last_layer=True``).
     :param local_reparameterization: draw ``g`` per example in ``F.linear``/``F.conv2d`` (also
-        settable later as ``guide.local_reparameterization``).
+        settable later as ``guide.local_reparameterization``); one draw per example per model
+        execution, shared by every use of the weight in it (:mod:`pyro_whvi.infer.lazy_weight`).
+    :param example_dim: the dimension of a linear layer's input that indexes examples (0: the leading
+        batch index; 1 for sequence-first ``(T, B, D)`` inputs).
+    :param strict: an op on a WHVI weight that cannot use the per-example draws (``W.t()``,
+        ``x @ W.T``, ``F.embedding``) raises instead of warning that it sees one shared draw.
     :param init_loc_fn: initialization of the mean-field sites (Pyro's strategies); the default, a
         draw from the prior, breaks the symmetry that zeros (``AutoNormal``'s default) leave in a network.
     :param init_scale: initial standard deviation, relative to the prior's: of ``q(g)`` in units of
@@ -117,12 +137,24 @@ class AutoWHVIGuide(StructuredAutoGuide):
         flows: int = 0,
         expose: SiteFilter | None = None,
         hide: SiteFilter | None = None,
-        mean_field_last_layer: bool = False,
+        mean_field_last_layer: bool | None = None,
+        preset: str | None = None,
         local_reparameterization: bool = True,
+        example_dim: int = 0,
+        strict: bool = False,
         init_loc_fn: Callable = init_to_sample,
         init_scale: float = 0.1,
         create_plates: Callable | None = None,
     ):
+        self.example_dim = check_example_dim(example_dim, "AutoWHVIGuide")
+        self.strict = bool(strict)
+        if preset is not None and preset not in PRESETS:
+            raise ValueError(f"AutoWHVIGuide: preset must be one of {sorted(PRESETS)} or None, got {preset!r}.")
+        settings = PRESETS[preset] if preset is not None else {}
+        if expose is None:
+            expose = settings.get("expose")
+        if mean_field_last_layer is None:
+            mean_field_last_layer = settings.get("mean_field_last_layer", False)
         if covariance not in COVARIANCES:
             raise ValueError(f"AutoWHVIGuide: covariance must be one of {COVARIANCES}, got {covariance!r}.")
         if not isinstance(flows, int) or flows < 0:
@@ -131,24 +163,25 @@ class AutoWHVIGuide(StructuredAutoGuide):
             raise ValueError("AutoWHVIGuide: planar flows start from a diagonal Gaussian; use covariance='diagonal'.")
         if rank is not None and (covariance != "lowrank" or not isinstance(rank, int) or rank < 1):
             raise ValueError("AutoWHVIGuide: rank must be a positive int and goes with covariance='lowrank'.")
-        if not (isinstance(init_scale, float) and init_scale > 0):
+        if isinstance(init_scale, bool) or not (isinstance(init_scale, (int, float)) and init_scale > 0):
             raise ValueError(f"AutoWHVIGuide: init_scale must be a float > 0, got {init_scale!r}.")
         if not prior_variance > 0:
             raise ValueError(f"AutoWHVIGuide: prior_variance must be > 0, got {prior_variance!r}.")
         self.prior_variance = float(prior_variance)
         self.covariance, self.rank, self.num_flows = covariance, rank, flows
         self.local_reparameterization = local_reparameterization
-        self.init_loc_fn, self._init_scale = init_loc_fn, init_scale
-        self._expose, self._hide, self._mean_field_last_layer = expose, hide, mean_field_last_layer
+        self.init_loc_fn, self._init_scale = init_loc_fn, float(init_scale)
+        self._expose, self._hide, self._mean_field_last_layer = expose, hide, bool(mean_field_last_layer)
         self.whvi_layouts: dict[str, WHVILayout] | None = None
         self.model_site_shapes: dict[str, torch.Size | None] | None = None
         self._in_setup = False
-        super().__init__(ReparameterizedModel(model, self), create_plates=create_plates)
+        super().__init__(model, create_plates=create_plates)
+        self._transform_model(model)
         self.whvi_s1 = PyroModule()
         self.whvi_s2 = PyroModule()
         self.reparam = _GuideOwnedReparam(self)
 
-    # -- selection and model checks (used by ReparameterizedModel) --------------------------------
+    # -- selection and model checks (used by ModelTransform) ----------------------------------
 
     def select_sites(self, original_model: Callable, *args, **kwargs) -> None:
         """Trace the original model once and fix which weight sites go under WHVI."""
@@ -158,7 +191,7 @@ class AutoWHVIGuide(StructuredAutoGuide):
             kwargs,
             check_site=check_whvi_site,
             is_default=_is_default_weight,
-            last_mean_field=self._mean_field_last_layer,
+            mean_field_last_layer=self._mean_field_last_layer,
         )
         self._weight_of_g = {g_site_name(name): name for name in self.whvi_layouts}
 
@@ -212,7 +245,7 @@ class AutoWHVIGuide(StructuredAutoGuide):
         if self.num_flows:
             chain = [PyroModule[Planar](layout.num_latent) for _ in range(self.num_flows)]  # type: ignore[arg-type]
             planars = PyroModule[nn.ModuleList](chain)  # type: ignore[arg-type]
-            deep_setattr(self.flows, name, planars.to(dtype=like.dtype, device=like.device))
+            deep_setattr(self.flows, name, pyro_params_(planars.to(dtype=like.dtype, device=like.device)))
 
     # -- distributions ---------------------------------------------------------------------------
 
@@ -241,7 +274,10 @@ class AutoWHVIGuide(StructuredAutoGuide):
         if name not in self._weight_of_g:
             return None
         posterior = self.get_posterior(self._weight_of_g[name])
-        return pyro.sample(name, posterior, infer={POSTERIOR_KEY: posterior})
+        return pyro.sample(name, posterior, infer={POSTERIOR_KEY: posterior, GUIDE_KEY: True})
+
+    def guide_site(self, weight_site: str) -> str:
+        return g_site_name(weight_site)
 
     # -- summaries -------------------------------------------------------------------------------
 

@@ -4,6 +4,16 @@ r"""Weight values that are never formed unless something needs it (local reparam
 ``F.linear``/``F.conv*d`` go through :meth:`LazyWeight.local_linear` / :meth:`LazyWeight.local_conv`
 (one noise draw per example) and every other use through :meth:`LazyWeight.dense_weight`.
 
+**Scope of the draws.** A lazy weight is the value of one site in one model execution. It draws
+the noise of an example once, on the first ``F.linear``/``F.conv*d`` that sees the batch, and every
+later use in the same execution reuses those draws: a layer called twice (tied weights, an unrolled
+RNN) sees the same weight for an example each time, and the next execution draws anew. An example
+is an index along ``example_dim`` of a linear layer's input (default 0, the leading batch index;
+1 for sequence-first ``(T, B, D)`` inputs: a ``(B, T, D)`` input gets ``B`` draws, one per
+sequence), and an image of a convolution's batch. Any other op (``W.t()``, ``x @ W.T``,
+``F.embedding``, indexing) sees the dense weight of the site's single draw, shared by every
+example: a warning says so, and with ``strict=True`` it is an error.
+
 WHVI: the reparameterized model hands layers a :class:`WHVIWeight` instead of a dense tensor. Passed to
 ``F.linear`` or ``F.conv2d`` it computes the product through the fused WHVI op with an independent
 draw of ``g`` for every example (WHVI paper §2.3, eq. 6), :math:`O(K D \log D)` per example and no
@@ -24,7 +34,9 @@ noisy weight is never formed.
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Iterator
+from contextvars import ContextVar
 
 import torch
 import torch.nn.functional as F
@@ -42,7 +54,8 @@ __all__ = [
     "scale_along",
 ]
 
-_LOCAL_OVERRIDE: list[bool] = []
+# The innermost local_reparameterization(...) block of this thread or task, if any.
+_LOCAL_OVERRIDE: ContextVar[bool | None] = ContextVar("pyro_whvi_local_reparameterization", default=None)
 
 _METADATA = {
     Tensor.size,
@@ -54,53 +67,129 @@ _METADATA = {
     Tensor.is_floating_point,
     Tensor.is_complex,
     Tensor.__len__,
-    *(
-        getattr(Tensor, name).__get__
-        for name in ("shape", "ndim", "dtype", "device", "layout", "is_cuda", "is_sparse", "requires_grad")
-    ),
+    *(getattr(Tensor, name).__get__ for name in ("shape", "ndim", "dtype", "device", "layout", "is_cuda", "is_sparse")),
 }
+
+
+_REQUIRES_GRAD = Tensor.requires_grad.__get__  # type: ignore[attr-defined]
+
+# Ops that move or copy a value without computing with it: they get the site's draw quietly.
+_COPIES = {torch.stack, torch.cat, Tensor.detach, Tensor.clone, Tensor.to, Tensor.cpu, Tensor.contiguous, Tensor.numpy}
 
 
 @contextlib.contextmanager
 def local_reparameterization(enabled: bool) -> Iterator[None]:
-    """Force local reparameterization on or off for WHVI weights created inside the block."""
-    _LOCAL_OVERRIDE.append(bool(enabled))
+    """Force local reparameterization on or off for lazy weights created inside the block.
+
+    The setting is a :class:`contextvars.ContextVar`: it holds for this thread (or asyncio task) only.
+    """
+    token = _LOCAL_OVERRIDE.set(bool(enabled))
     try:
         yield
     finally:
-        _LOCAL_OVERRIDE.pop()
+        _LOCAL_OVERRIDE.reset(token)
 
 
 def local_reparameterization_enabled(default: bool) -> bool:
     """The setting in force: the innermost :func:`local_reparameterization` block, else ``default``."""
-    return _LOCAL_OVERRIDE[-1] if _LOCAL_OVERRIDE else default
+    override = _LOCAL_OVERRIDE.get()
+    return default if override is None else override
+
+
+def check_example_dim(example_dim, owner: str) -> int:
+    """``example_dim`` as an int >= 0, or a ``ValueError`` naming ``owner``."""
+    if isinstance(example_dim, bool) or not isinstance(example_dim, int) or example_dim < 0:
+        raise ValueError(
+            f"{owner}: example_dim must be an int >= 0 (the input dimension that indexes examples: 0 for (B, ..., D) "
+            f"batches, 1 for sequence-first (T, B, D)), got {example_dim!r}."
+        )
+    return example_dim
 
 
 _pair = torch.nn.modules.utils._pair
 
 
 class LazyWeight(Tensor):
-    """Base of the lazy weights: a shape and no storage, and three hooks for subclasses.
+    """Base of the lazy weights: a shape and no storage, and four hooks for subclasses.
 
     * :meth:`dense_weight` (required): the weight of the site's own draw, formed on demand.
+    * :meth:`draw_examples`: the noise of ``count`` examples (leading dimension ``count``).
     * :meth:`local_linear`, :meth:`local_conv`: ``F.linear`` / ``F.conv1d``/``conv2d``/``conv3d``
-      (batched input, no bias) with one draw per example; return ``None`` to fall back to the dense weight.
+      (batched input, no bias) with the noise of :meth:`example_noise`; return ``None`` to fall back
+      to the dense weight.
 
-    ``local`` switches the fast paths on or off (off: every op sees the site's draw).
+    ``local`` switches the fast paths on or off (off: every op sees the site's draw, silently).
+    ``example_dim`` is the input dimension of a linear layer that indexes examples; ``strict``
+    makes an op that cannot use the per-example draws an error instead of a warning.
+    ``requires_grad`` reports whether gradients flow to the tensors the weight is made of.
     """
 
     local: bool
+    example_dim: int
+    strict: bool
+    site: str | None
 
     @staticmethod
     def _wrap(cls, shape, like: Tensor):
         return Tensor._make_wrapper_subclass(cls, shape, dtype=like.dtype, device=like.device, requires_grad=False)
 
-    def _init_lazy(self, local: bool) -> None:
-        self.local = local
+    def _init_lazy(
+        self, local: bool, parts: tuple[Tensor, ...], example_dim: int = 0, strict: bool = False, site=None
+    ) -> None:
+        self.local, self.example_dim, self.strict, self.site = local, example_dim, strict, site
         self._dense: dict[bool, Tensor] = {}
+        self._example_noise: Tensor | None = None
+        self._requires_grad = torch.is_grad_enabled() and any(_REQUIRES_GRAD(part) for part in parts)
 
     def dense_weight(self) -> Tensor:
         raise NotImplementedError
+
+    def draw_examples(self, count: int) -> Tensor:
+        raise NotImplementedError
+
+    def example_noise(self, count: int) -> Tensor:
+        """The noise of ``count`` examples: drawn on the first use in this model execution, then reused."""
+        if self._example_noise is None:
+            self._example_noise = self.draw_examples(count)
+        elif self._example_noise.shape[0] != count:
+            raise ValueError(
+                f"{self._label()}: this model execution drew noise for {self._example_noise.shape[0]} examples and "
+                f"now uses the weight on {count}; every use within one execution must see the same examples along "
+                f"example_dim={self.example_dim} of a linear layer's input (dim 0 of a convolution's). Set the "
+                "guide's example_dim for sequence-first inputs."
+            )
+        return self._example_noise
+
+    def reset_example_noise(self) -> None:
+        """Forget this execution's per-example draws: the next ``F.linear``/``F.conv*d`` draws anew."""
+        self._example_noise = None
+
+    def _label(self) -> str:
+        return f"{type(self).__name__} {self.site!r}" if self.site else type(self).__name__
+
+    def _shared_draw(self, func) -> Tensor:
+        """The dense weight for an op that cannot use per-example draws: an error when strict, else a warning.
+
+        Ops that only move or copy the value (Pyro's ``Predictive`` stacks draws, traces detach them)
+        get the site's draw without either.
+        """
+        if self.local and func not in _COPIES:
+            descriptor = getattr(func, "__self__", None)  # a property such as W.T: its getter's __self__
+            name = getattr(descriptor, "__name__", None) if isinstance(descriptor, type(Tensor.T)) else None
+            name = name or getattr(func, "__name__", str(func))
+            message = (
+                f"{self._label()}: {name} cannot use the per-example draws of F.linear/F.conv*d, so it sees the "
+                "site's single draw, shared by every example (and different from the per-example weights)."
+            )
+            if self.strict:
+                raise RuntimeError(
+                    message + " Pass the weight to F.linear/F.conv*d as it is, or build the guide with strict=False "
+                    "(or call .dense() explicitly) to accept one shared draw."
+                )
+            warnings.warn(
+                message + " Build the guide with strict=True to make this an error.", UserWarning, stacklevel=4
+            )
+        return self.dense()
 
     def local_linear(self, input: Tensor) -> Tensor | None:
         return None
@@ -121,6 +210,8 @@ class LazyWeight(Tensor):
         if func in _METADATA:
             with torch._C.DisableTorchFunctionSubclass():
                 return func(*args, **kwargs)
+        if func is _REQUIRES_GRAD:
+            return args[0]._requires_grad
         if func is F.linear:
             result = _linear(*args, **kwargs)
             if result is not None:
@@ -129,7 +220,7 @@ class LazyWeight(Tensor):
             result = _conv(func, *args, **kwargs)
             if result is not None:
                 return result
-        return func(*_densify(args), **_densify(kwargs))
+        return func(*_densify(args, func), **_densify(kwargs, func))
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
@@ -144,7 +235,10 @@ class WHVIWeight(LazyWeight):
 
     :param distribution: the :class:`~pyro_whvi.distributions.WHVIMatrix` the weight follows.
     :param g: the site's draw of ``g``, ``(K, D)``; the dense weight is ``distribution.weight(g)``.
-    :param local: whether ``F.linear``/``F.conv2d`` draw a fresh ``g`` per example.
+    :param local: whether ``F.linear``/``F.conv2d`` draw ``g`` per example (see the module docstring).
+    :param example_dim: the input dimension of ``F.linear`` that indexes examples.
+    :param strict: make other ops on the weight an error instead of a warning.
+    :param site: the site's name, for messages.
 
     References:
         WHVI paper (Rossi et al., NeurIPS 2020), §2.3 (eq. 6) and §3.3 (convolutions as products).
@@ -154,16 +248,28 @@ class WHVIWeight(LazyWeight):
     g: Tensor
 
     @staticmethod
-    def __new__(cls, distribution: WHVIMatrix, g: Tensor, local: bool = True):
+    def __new__(cls, distribution: WHVIMatrix, g: Tensor, local: bool = True, **kwargs):
         return LazyWeight._wrap(cls, distribution.layout.shape, g)
 
-    def __init__(self, distribution: WHVIMatrix, g: Tensor, local: bool = True):
+    def __init__(
+        self,
+        distribution: WHVIMatrix,
+        g: Tensor,
+        local: bool = True,
+        *,
+        example_dim: int = 0,
+        strict: bool = False,
+        site: str | None = None,
+    ):
         self.distribution = distribution
         self.g = g
-        self._init_lazy(local)
+        self._init_lazy(local, (g, distribution.s1, distribution.s2), example_dim, strict, site)
 
     def dense_weight(self) -> Tensor:
         return self.distribution.weight(self.g)
+
+    def draw_examples(self, count: int) -> Tensor:
+        return self.distribution.g_dist.rsample((count,))
 
     def __repr__(self, *, tensor_contents=None):
         layout = self.distribution.layout
@@ -173,9 +279,12 @@ class WHVIWeight(LazyWeight):
         )
 
     def local_linear(self, input):
-        if self.distribution.layout.kind != "matrix":
+        if self.distribution.layout.kind != "matrix" or input.dim() < 2 or self.example_dim > input.dim() - 2:
             return None
-        return self.distribution.matvec(input)  # a fresh draw of g per row
+        g = self.example_noise(input.shape[self.example_dim])  # (B, K, D)
+        if input.dim() > 2 or self.example_dim:
+            g = _along(g, self.example_dim, input.dim() - 1).expand(*input.shape[:-1], *g.shape[1:])
+        return self.distribution.matvec(input, g)
 
     def local_conv(self, conv, images, stride, padding, dilation, groups):
         distribution = self.distribution
@@ -186,7 +295,7 @@ class WHVIWeight(LazyWeight):
         patches = F.unfold(images, (kernel_h, kernel_w), dilation=dilation, padding=padding, stride=stride)
         height = (images.shape[-2] + 2 * padding[0] - dilation[0] * (kernel_h - 1) - 1) // stride[0] + 1
         width = (images.shape[-1] + 2 * padding[1] - dilation[1] * (kernel_w - 1) - 1) // stride[1] + 1
-        g = distribution.g_dist.rsample(images.shape[:1]).unsqueeze(-3)  # one draw per image: (N, 1, K, D)
+        g = self.example_noise(images.shape[0]).unsqueeze(-3)  # one draw per image: (N, 1, K, D)
         output = distribution.matvec(patches.mT, g)  # (N, L, C_out)
         return output.mT.reshape(images.shape[0], out_channels, height, width)
 
@@ -210,14 +319,17 @@ class VSDWeight(LazyWeight):
         as dropout) or ``0`` (the output channels of a convolution, §3.4).
     :param xi: the site's own draw of :math:`\xi` times ``row_scale`` (default: drawn here).
     :param row_scale: ``z`` of the hierarchical model (multiplies every draw), or ``None``.
-    :param local: whether ``F.linear``/``F.conv2d`` draw a fresh :math:`\xi` per example.
+    :param local: whether ``F.linear``/``F.conv2d`` draw :math:`\xi` per example (see the module docstring).
+    :param example_dim: the input dimension of ``F.linear`` that indexes examples.
+    :param strict: make other ops on the weight an error instead of a warning.
+    :param site: the site's name, for messages.
 
     References:
         VSD paper (Nguyen et al., NeurIPS 2021), §3.1, §3.4, App. B.
     """
 
     @staticmethod
-    def __new__(cls, theta, noise, noise_dim, xi=None, row_scale=None, local=True):
+    def __new__(cls, theta, noise, noise_dim, xi=None, row_scale=None, local=True, **kwargs):
         return LazyWeight._wrap(cls, theta.shape, theta)
 
     def __init__(
@@ -228,13 +340,17 @@ class VSDWeight(LazyWeight):
         xi: Tensor | None = None,
         row_scale: Tensor | None = None,
         local: bool = True,
+        *,
+        example_dim: int = 0,
+        strict: bool = False,
+        site: str | None = None,
     ):
         self.theta, self.noise, self.noise_dim, self.row_scale = theta, noise, noise_dim, row_scale
-        self.xi = xi if xi is not None else self._draw(torch.Size())
-        self._init_lazy(local)
+        self.xi = xi if xi is not None else self.draw_examples(None)
+        self._init_lazy(local, (theta, self.xi), example_dim, strict, site)
 
-    def _draw(self, sample_shape) -> Tensor:
-        xi = self.noise.rsample(sample_shape)
+    def draw_examples(self, count: int | None) -> Tensor:
+        xi = self.noise.rsample(() if count is None else (count,))
         return xi if self.row_scale is None else xi * self.row_scale
 
     def dense_weight(self) -> Tensor:
@@ -248,25 +364,34 @@ class VSDWeight(LazyWeight):
         )
 
     def local_linear(self, input):
-        if self.noise_dim != 1 or self.theta.dim() != 2:
+        if self.noise_dim != 1 or self.theta.dim() != 2 or input.dim() < 2 or self.example_dim > input.dim() - 2:
             return None
-        return F.linear(input * self._draw(input.shape[:-1]), self.theta)
+        xi = self.example_noise(input.shape[self.example_dim])  # (B, K)
+        return F.linear(input * _along(xi, self.example_dim, input.dim() - 1), self.theta)
 
     def local_conv(self, conv, images, stride, padding, dilation, groups):
         if self.noise_dim != 0:
             return None
         output = conv(images, self.theta, None, stride, padding, dilation, groups)
-        xi = self._draw(images.shape[:1])  # one draw per image, scaling its output channels (§3.4)
+        xi = self.example_noise(images.shape[0])  # one draw per image, scaling its output channels (§3.4)
         return output * xi.reshape(xi.shape + (1,) * (output.dim() - 2))
 
 
-def _densify(tree):
+def _along(noise: Tensor, example_dim: int, batch_dims: int) -> Tensor:
+    """Per-example ``noise`` ``(B, *event)`` viewed to broadcast against ``batch_dims`` input dimensions
+    whose ``example_dim`` indexes the examples."""
+    event = noise.shape[1:]
+    shape = (1,) * example_dim + noise.shape[:1] + (1,) * (batch_dims - example_dim - 1) + event
+    return noise.reshape(shape)
+
+
+def _densify(tree, func=None):
     if isinstance(tree, LazyWeight):
-        return tree.dense()
+        return tree._shared_draw(func)
     if isinstance(tree, (list, tuple)):
-        return type(tree)(_densify(item) for item in tree)
+        return type(tree)(_densify(item, func) for item in tree)
     if isinstance(tree, dict):
-        return {key: _densify(value) for key, value in tree.items()}
+        return {key: _densify(value, func) for key, value in tree.items()}
     return tree
 
 
@@ -281,7 +406,7 @@ def _linear(input, weight, bias=None):
         return None  # let F.linear raise its usual shape error on the dense weight
     output = weight.local_linear(input)
     if output is not None and bias is not None:
-        output = output + _densify(bias)
+        output = output + _densify(bias, F.linear)
     return output
 
 
@@ -302,5 +427,5 @@ def _conv(conv, input, weight, bias=None, stride=1, padding=0, dilation=1, group
     if output is None:
         return None
     if bias is not None:
-        output = output + _densify(bias).reshape((-1,) + (1,) * (output.dim() - 2))
+        output = output + _densify(bias, conv).reshape((-1,) + (1,) * (output.dim() - 2))
     return output.squeeze(0) if unbatched else output

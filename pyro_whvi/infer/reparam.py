@@ -33,7 +33,7 @@ from torch.distributions import Normal
 from ..distributions import WHVILayout, WHVIMatrix
 from ..distributions.whvi_matrix import base_distribution, has_real_support
 from ._guide_utils import like_tensor
-from .lazy_weight import WHVIWeight, local_reparameterization_enabled
+from .lazy_weight import WHVIWeight, check_example_dim, local_reparameterization_enabled
 
 __all__ = ["WHVIReparam", "check_whvi_site", "g_site_name", "init_whvi_scales", "whvi_prior"]
 
@@ -103,16 +103,27 @@ class WHVIReparam(Reparam):
 
     :param prior_variance: :math:`\lambda` in :math:`p(g) = \mathcal{N}(0, \lambda I)`.
     :param local_reparameterization: draw ``g`` per example in ``F.linear``/``F.conv2d``.
+    :param example_dim: the dimension of a linear layer's input that indexes examples (one draw each).
+    :param strict: an op on the weight that cannot use the per-example draws raises instead of warning.
 
     References:
         WHVI paper (Rossi et al., NeurIPS 2020), §2.2–2.3, §2.5, App. D.1.
     """
 
-    def __init__(self, prior_variance: float = 1.0, *, local_reparameterization: bool = True):
+    def __init__(
+        self,
+        prior_variance: float = 1.0,
+        *,
+        local_reparameterization: bool = True,
+        example_dim: int = 0,
+        strict: bool = False,
+    ):
         if not prior_variance > 0:
             raise ValueError(f"WHVIReparam: prior_variance must be > 0, got {prior_variance!r}.")
         self.prior_variance = float(prior_variance)
         self.local_reparameterization = local_reparameterization
+        self.example_dim = check_example_dim(example_dim, "WHVIReparam")
+        self.strict = bool(strict)
 
     def scales(self, name: str, layout: WHVILayout, like: Tensor) -> tuple[Tensor, Tensor]:
         """``(s1, s2)`` for site ``name``: the extension point. Default: ``pyro.param`` in the param store."""
@@ -150,6 +161,8 @@ class WHVIReparam(Reparam):
                 "and ELBOs with num_particles but without vectorize_particles."
             )
         posterior = capture.posterior
-        local = posterior is not None and self.local_enabled()
-        weight = WHVIWeight(WHVIMatrix(s1, s2, posterior if posterior is not None else prior, layout.shape), g, local)
+        # Only a matrix layout has a per-example product; other sites (a bias on WHVI blocks) use their draw.
+        local = posterior is not None and layout.kind == "matrix" and self.local_enabled()
+        distribution = WHVIMatrix(s1, s2, posterior if posterior is not None else prior, layout.shape)
+        weight = WHVIWeight(distribution, g, local, example_dim=self.example_dim, strict=self.strict, site=name)
         return {"fn": dist.Delta(weight, event_dim=fn.event_dim).mask(False), "value": weight, "is_observed": True}

@@ -136,6 +136,8 @@ class VSDPosterior(TorchDistribution):
     :param kl: the KL term of the site (eq. 6, or the expectation of eq. 15 over ``q(z)``).
     :param row_scale: the hierarchical model's draw of ``z`` (``(K,)``), or ``None``.
     :param local: draw :math:`\xi` per example in ``F.linear``/``F.conv2d``.
+    :param weight_options: keyword arguments of the :class:`~pyro_whvi.infer.VSDWeight` values
+        (``example_dim``, ``strict``, ``site``).
     """
 
     arg_constraints: dict = {}  # noqa: RUF012
@@ -150,9 +152,10 @@ class VSDPosterior(TorchDistribution):
         kl: Tensor,
         row_scale: Tensor | None = None,
         local: bool = True,
+        weight_options: dict | None = None,
     ):
         self.theta, self.noise, self.site, self.kl = theta, noise, site, kl
-        self.row_scale, self.local = row_scale, local
+        self.row_scale, self.local, self.weight_options = row_scale, local, weight_options or {}
         super().__init__(torch.Size(), theta.shape, validate_args=False)
 
     def rsample(self, sample_shape=_SCALAR):
@@ -161,7 +164,14 @@ class VSDPosterior(TorchDistribution):
                 "VSDPosterior draws one lazy weight at a time; use Predictive(..., parallel=False) and ELBOs "
                 "without vectorize_particles."
             )
-        return VSDWeight(self.theta, self.noise, self.site.noise_dim, row_scale=self.row_scale, local=self.local)
+        return VSDWeight(
+            self.theta,
+            self.noise,
+            self.site.noise_dim,
+            row_scale=self.row_scale,
+            local=self.local,
+            **self.weight_options,
+        )
 
     def sample(self, sample_shape=_SCALAR):
         with torch.no_grad():

@@ -8,11 +8,12 @@ empirical-Bayes one of eq. (6), independent of :math:`\Theta`. Every other laten
 mean-field Normal. Train with Pyro's own machinery::
 
     guide = AutoVSDGuide(model, reflections=2)
-    svi = SVI(guide.model, guide, Adam({"lr": 1e-3}), Trace_ELBO())
+    svi = SVI(model, guide, Adam({"lr": 1e-3}), Trace_ELBO())
 
-``guide.model`` is the model with the VSD sites' priors replaced (see :mod:`pyro_whvi.infer.vsd`).
-In it ``F.linear`` multiplies each example's inputs by its own draw of :math:`\xi`, and ``F.conv2d``
-each image's output channels: one draw per example, as dropout, and no noisy weight is formed.
+The guide transforms ``model`` in place, replacing the VSD sites' priors (see
+:mod:`pyro_whvi.infer.vsd` and :mod:`pyro_whvi.infer.model`). In it ``F.linear`` multiplies each
+example's inputs by its own draw of :math:`\xi`, and ``F.conv2d`` each image's output channels: one
+draw per example, as dropout, and no noisy weight is formed.
 
 References:
     S. Nguyen, D. Nguyen, K. Nguyen, K. Than, H. Bui, N. Ho. *Structured Dropout Variational
@@ -35,9 +36,9 @@ from torch import Tensor, nn
 from ..distributions.empirical_bayes import vsd_hierarchical_kl, vsd_kl
 from ..distributions.householder import StructuredDropoutNoise
 from ._base import StructuredAutoGuide
-from ._guide_utils import deep_getattr, empirical_quantiles, like_tensor, normal_quantiles
-from .lazy_weight import local_reparameterization_enabled, scale_along
-from .model import ReparameterizedModel, SiteFilter
+from ._guide_utils import deep_getattr, empirical_quantiles, like_tensor, normal_quantiles, pyro_params_
+from .lazy_weight import check_example_dim, local_reparameterization_enabled, scale_along
+from .model import GUIDE_KEY, SiteFilter
 from .vsd import (
     EmpiricalBayesPrior,
     VSDPosterior,
@@ -78,6 +79,7 @@ class HouseholderVectors(PyroModule):
             steps.append(step.to(dtype=like.dtype, device=like.device))
         self.steps = nn.ModuleList(steps)
         pyro.nn.module.to_pyro_module_(self.steps)
+        pyro_params_(self)
 
     def forward(self) -> Tensor:
         """``(T, K)``; row ``t-1`` is :math:`v_t` (``T = 0``: an empty ``(0, K)``)."""
@@ -106,7 +108,11 @@ class AutoVSDGuide(StructuredAutoGuide):
     :param expose: sites to put under VSD (names, a predicate, or ``"all"``), replacing the default.
     :param hide: sites to keep out of VSD (they get the mean-field guide).
     :param local_reparameterization: one noise draw per example in ``F.linear``/``F.conv2d``
-        (also settable later as ``guide.local_reparameterization``).
+        (also settable later as ``guide.local_reparameterization``), per model execution, shared by
+        every use of the weight in it (:mod:`pyro_whvi.infer.lazy_weight`).
+    :param example_dim: the dimension of a linear layer's input that indexes examples (0: the leading
+        batch index; 1 for sequence-first ``(T, B, D)`` inputs).
+    :param strict: an op on a VSD weight that cannot use the per-example draws raises instead of warning.
     :param init_loc_fn: initialization of :math:`\Theta` and of the mean-field sites (Pyro's strategies).
     :param init_scale: initial standard deviation of the mean-field sites relative to the prior's.
     :param create_plates: as in Pyro's autoguides, for data subsampling.
@@ -131,10 +137,14 @@ class AutoVSDGuide(StructuredAutoGuide):
         expose: SiteFilter | None = None,
         hide: SiteFilter | None = None,
         local_reparameterization: bool = True,
+        example_dim: int = 0,
+        strict: bool = False,
         init_loc_fn: Callable = init_to_sample,
         init_scale: float = 0.1,
         create_plates: Callable | None = None,
     ):
+        self.example_dim = check_example_dim(example_dim, "AutoVSDGuide")
+        self.strict = bool(strict)
         if isinstance(reflections, bool) or not isinstance(reflections, int) or reflections < 0:
             raise ValueError(f"AutoVSDGuide: reflections (T) must be an int >= 0 (0 means U = I), got {reflections!r}.")
         if hidden_rank is not None and (not isinstance(hidden_rank, int) or hidden_rank < 1):
@@ -159,9 +169,10 @@ class AutoVSDGuide(StructuredAutoGuide):
         self.vsd_sites: dict[str, VSDSite] | None = None
         self.model_site_shapes: dict[str, torch.Size | None] | None = None
         self._in_setup = False
-        super().__init__(ReparameterizedModel(model, self), create_plates=create_plates)
+        super().__init__(model, create_plates=create_plates)
+        self._transform_model(model)
 
-    # -- the hooks ReparameterizedModel calls ----------------------------------------------------
+    # -- the hooks ModelTransform calls ----------------------------------------------------------
 
     def select_sites(self, original_model: Callable, *args, **kwargs) -> None:
         """Trace the original model once and fix which weight sites go under VSD."""
@@ -247,15 +258,20 @@ class AutoVSDGuide(StructuredAutoGuide):
         noise = self.noise_distribution(weight_site)
         local = local_reparameterization_enabled(self.local_reparameterization)
         theta = deep_getattr(self.vsd_theta, weight_site)
-        return VSDPosterior(theta, noise, self._sites[weight_site], self.kl(weight_site, noise), row_scale, local)
+        weight_options = {"example_dim": self.example_dim, "strict": self.strict, "site": weight_site}
+        site = self._sites[weight_site]
+        return VSDPosterior(theta, noise, site, self.kl(weight_site, noise), row_scale, local, weight_options)
 
     def _sample_structured(self, name, sampled):
         if name in self._weight_of_z:
             return pyro.sample(name, self.z_posterior(self._weight_of_z[name]))
         if name in self._sites:
             row_scale = sampled.get(z_site_name(name)) if self.hierarchical else None
-            return pyro.sample(name, self.get_posterior(name, row_scale))
+            return pyro.sample(name, self.get_posterior(name, row_scale), infer={GUIDE_KEY: True})
         return None
+
+    def guide_site(self, weight_site: str) -> str:
+        return weight_site
 
     # -- summaries -------------------------------------------------------------------------------
 

@@ -66,8 +66,8 @@ from .layers import (
     capture_layer_inputs,
     find_layers,
     find_likelihood,
-    original_model,
     patches,
+    untransformed_model,
 )
 
 __all__ = ["iblm_"]
@@ -274,8 +274,8 @@ def iblm_(
     with torch.no_grad():
         if guide.prototype_trace is None:
             guide(x, y)
-        model = original_model(guide)
-        trace = poutine.trace(model).get_trace(x, y)
+        with untransformed_model(guide) as model:
+            trace = poutine.trace(model).get_trace(x, y)
     likelihood = find_likelihood(trace)
     layers = find_layers(model, trace)
     if layers[-1].out_features != likelihood.outputs:

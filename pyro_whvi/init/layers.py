@@ -9,7 +9,9 @@ samples their weights.
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pyro.distributions as dist
@@ -21,7 +23,7 @@ from pyro.poutine.messenger import unwrap
 from torch import Tensor, nn
 
 from ..distributions.whvi_matrix import base_distribution
-from ..infer.model import ReparameterizedModel
+from ..infer.model import model_transform
 
 __all__ = [
     "BayesianLayer",
@@ -29,8 +31,8 @@ __all__ = [
     "capture_layer_inputs",
     "find_layers",
     "find_likelihood",
-    "original_model",
     "patches",
+    "untransformed_model",
 ]
 
 SUPPORTED_LAYERS = (nn.Linear, nn.Conv1d, nn.Conv2d)
@@ -207,7 +209,14 @@ def patches(layer: BayesianLayer, inputs: Tensor) -> Tensor:
     return unfolded.transpose(-1, -2)
 
 
-def original_model(guide):
-    """The user's model behind ``guide.model`` (Pyro wraps it in a partial, our guides reparameterize it)."""
+@contextlib.contextmanager
+def untransformed_model(guide) -> Iterator:
+    """The user's model behind ``guide.model``, run as written inside the block (Pyro's autoguides wrap
+    it in an init strategy, our structured guides transform it in place)."""
     model = unwrap(guide.model)
-    return unwrap(model.original_model) if isinstance(model, ReparameterizedModel) else model
+    transform = model_transform(model)
+    if transform is None:
+        yield model
+        return
+    with transform.untransformed():
+        yield model

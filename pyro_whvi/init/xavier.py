@@ -9,7 +9,7 @@ from pyro import poutine
 
 from ..infer import AutoVSDGuide, AutoWHVIGuide
 from .assign import check_guide, set_param, set_whvi_isotropic
-from .layers import find_layers, original_model
+from .layers import find_layers, untransformed_model
 
 __all__ = ["xavier_normal_"]
 
@@ -29,8 +29,8 @@ def xavier_normal_(guide, *args, **kwargs):
     with torch.no_grad():
         if guide.prototype_trace is None:
             guide(*args, **kwargs)
-        model = original_model(guide)
-        trace = poutine.trace(model).get_trace(*args, **kwargs)
+        with untransformed_model(guide) as model:
+            trace = poutine.trace(model).get_trace(*args, **kwargs)
         layers = find_layers(model, trace)
         structured = getattr(guide, "structured_sites", None) or {}
         for layer in layers:
