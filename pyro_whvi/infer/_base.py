@@ -26,6 +26,7 @@ from pyro.ops.tensor_utils import periodic_repeat
 from torch.distributions import biject_to
 
 from ._guide_utils import deep_getattr, normal_quantiles, prior_stddev
+from .lazy_weight import check_example_dim
 from .model import ModelTransform, SiteFilter, select_sites
 
 __all__ = ["StructuredAutoGuide"]
@@ -46,9 +47,13 @@ class StructuredAutoGuide(AutoGuide):
     _hide: SiteFilter | None
     model_site_shapes: dict | None
     model_transform: ModelTransform
+    example_dim: int
+    strict: bool
 
-    def _transform_model(self, model) -> None:
-        """Install this guide's transformation on ``model`` (call right after ``AutoGuide.__init__``)."""
+    def __init__(self, model, *, example_dim: int = 0, strict: bool = False, create_plates=None):
+        self.example_dim = check_example_dim(example_dim, type(self).__name__)
+        self.strict = bool(strict)
+        super().__init__(model, create_plates=create_plates)
         self.model_transform = ModelTransform(model, self)
 
     @property

@@ -44,7 +44,7 @@ from ._guide_utils import (
     normal_quantiles,
     pyro_params_,
 )
-from .lazy_weight import check_example_dim, local_reparameterization_enabled
+from .lazy_weight import local_reparameterization_enabled
 from .model import GUIDE_KEY, SiteFilter
 from .reparam import POSTERIOR_KEY, WHVIReparam, check_whvi_site, g_site_name, init_whvi_scales
 
@@ -146,8 +146,6 @@ class AutoWHVIGuide(StructuredAutoGuide):
         init_scale: float = 0.1,
         create_plates: Callable | None = None,
     ):
-        self.example_dim = check_example_dim(example_dim, "AutoWHVIGuide")
-        self.strict = bool(strict)
         if preset is not None and preset not in PRESETS:
             raise ValueError(f"AutoWHVIGuide: preset must be one of {sorted(PRESETS)} or None, got {preset!r}.")
         settings = PRESETS[preset] if preset is not None else {}
@@ -175,8 +173,7 @@ class AutoWHVIGuide(StructuredAutoGuide):
         self.whvi_layouts: dict[str, WHVILayout] | None = None
         self.model_site_shapes: dict[str, torch.Size | None] | None = None
         self._in_setup = False
-        super().__init__(model, create_plates=create_plates)
-        self._transform_model(model)
+        super().__init__(model, example_dim=example_dim, strict=strict, create_plates=create_plates)
         self.whvi_s1 = PyroModule()
         self.whvi_s2 = PyroModule()
         self.reparam = _GuideOwnedReparam(self)

@@ -37,7 +37,7 @@ from ..distributions.empirical_bayes import vsd_hierarchical_kl, vsd_kl
 from ..distributions.householder import StructuredDropoutNoise
 from ._base import StructuredAutoGuide
 from ._guide_utils import deep_getattr, empirical_quantiles, like_tensor, normal_quantiles, pyro_params_
-from .lazy_weight import check_example_dim, local_reparameterization_enabled, scale_along
+from .lazy_weight import local_reparameterization_enabled, scale_along
 from .model import GUIDE_KEY, SiteFilter
 from .vsd import (
     EmpiricalBayesPrior,
@@ -143,8 +143,6 @@ class AutoVSDGuide(StructuredAutoGuide):
         init_scale: float = 0.1,
         create_plates: Callable | None = None,
     ):
-        self.example_dim = check_example_dim(example_dim, "AutoVSDGuide")
-        self.strict = bool(strict)
         if isinstance(reflections, bool) or not isinstance(reflections, int) or reflections < 0:
             raise ValueError(f"AutoVSDGuide: reflections (T) must be an int >= 0 (0 means U = I), got {reflections!r}.")
         if hidden_rank is not None and (not isinstance(hidden_rank, int) or hidden_rank < 1):
@@ -169,8 +167,7 @@ class AutoVSDGuide(StructuredAutoGuide):
         self.vsd_sites: dict[str, VSDSite] | None = None
         self.model_site_shapes: dict[str, torch.Size | None] | None = None
         self._in_setup = False
-        super().__init__(model, create_plates=create_plates)
-        self._transform_model(model)
+        super().__init__(model, example_dim=example_dim, strict=strict, create_plates=create_plates)
 
     # -- the hooks ModelTransform calls ----------------------------------------------------------
 

@@ -215,8 +215,5 @@ def untransformed_model(guide) -> Iterator:
     it in an init strategy, our structured guides transform it in place)."""
     model = unwrap(guide.model)
     transform = model_transform(model)
-    if transform is None:
-        yield model
-        return
-    with transform.untransformed():
+    with transform.untransformed() if transform is not None else contextlib.nullcontext():
         yield model
