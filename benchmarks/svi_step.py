@@ -1,23 +1,32 @@
-"""Time one SVI step of a Bayesian MLP under AutoWHVIGuide and under Pyro's AutoNormal, in one run.
+"""Time one training step of a Bayesian MLP: Pyro SVI with AutoWHVIGuide and AutoNormal, the variational
+layers of ``pyro_whvi.nn`` (eager and ``torch.compile``), and plain PyTorch, in one run.
 
-The model is ``pyro_whvi.models.BayesianMLP([D, D, D, 1])`` (two hidden layers of width D) for
-D = 2^7 ... 2^12, on one fixed batch (default 128 rows) of float32 inputs, on the CPU. A step is
-``svi.step(x, y)`` with Pyro's ``SVI``, ``Trace_ELBO`` and Adam: one ELBO sample, forward, backward
-and the parameter update, for
+The network is two hidden layers of width D on D inputs with one output, for D = 2^7 ... 2^12, on one
+fixed batch (default 64 rows) of float32 inputs, on the CPU. A step is one ELBO sample (or loss),
+forward, backward and an Adam update (``torch.optim.Adam``, its defaults, in every case):
 
-* ``AutoNormal(model)`` in ``SVI(model, guide, ...)``;
-* ``AutoWHVIGuide(model)`` with its defaults (diagonal ``q(g)``, local reparameterization), which
-  transforms the model in place, in the same ``SVI(model, guide, ...)``.
+* ``plain``: ``nn.Sequential(Linear, ReLU, Linear, ReLU, Linear)`` with a Gaussian likelihood and a
+  learned noise scale: the cost of the network itself, the baseline of every ratio;
+* ``plain compiled``: the same loss through ``torch.compile(fullgraph=True)``;
+* ``layers``: the same ``nn.Sequential`` through ``pyro_whvi.nn.bayesian_(net, "whvi",
+  mean_field_last_layer=True)``: WHVI on the two ``D x D``-ish weights, mean-field biases and output
+  layer (the posterior family of AutoWHVIGuide's defaults on ``BayesianMLP``), loss
+  ``-log p(y | f(x)) + KL``, plain PyTorch;
+* ``layers compiled``: that loss through ``torch.compile(fullgraph=True, options={"fallback_random":
+  True})`` (eager's random-number generator: Inductor's own draws normals element by element, which
+  took 1.8 ms against 0.87 ms per step at D = 128 here);
+* ``AutoNormal`` / ``WHVI``: ``svi.step(x, y)`` with Pyro's ``SVI``, ``Trace_ELBO`` and
+  ``pyro_whvi.models.BayesianMLP([D, D, D, 1])`` under ``AutoNormal(model)`` or ``AutoWHVIGuide(model)``
+  (defaults), Pyro validation off.
 
-Each guide (own param-store scope) takes a set-up step and 3 warm-up steps first. Pyro validation is
-disabled (``pyro.validation_enabled(False)``) during warm-up and timing. Times are medians of
-``torch.utils.benchmark`` blocked runs using all of torch's threads (or ``--threads``), the best of
-3 interleaved rounds (2 with ``--quick``), so that both guides see the same machine state. Also
-reported: each guide's number of variational parameters, ``sum(p.numel() for p in
-guide.parameters())`` after set-up. Results go to ``--out`` as JSON, CSV, a markdown table and a
-plot of time vs D. Other processes on the cores slow multi-threaded steps badly; try ``--threads 1``.
+Each case takes a set-up step and 3 warm-up steps first (compilation happens there). Times are medians of
+``torch.utils.benchmark`` blocked runs using all of torch's threads (or ``--threads``), the best of 3
+interleaved rounds (2 with ``--quick``), so that every case sees the same machine state. Also reported:
+the number of variational parameters of the two guides and of the layers. Results go to ``--out`` as
+JSON, CSV, a markdown table and a plot of time vs D. Other processes on the cores slow multi-threaded
+steps badly; try ``--threads 1``.
 
-    python benchmarks/svi_step.py --quick      # D up to 2^10, well under a minute on an idle CPU
+    python benchmarks/svi_step.py --quick      # D up to 2^10
     python benchmarks/svi_step.py              # full sweep
 """
 
@@ -37,16 +46,26 @@ from pyro.infer import SVI, Trace_ELBO
 from pyro.infer.autoguide import AutoNormal
 from pyro.optim import PyroOptim
 from pyro.params.param_store import StateDict
+from torch import nn
 from torch.utils import benchmark
 from tqdm import tqdm
 
 from pyro_whvi import AutoWHVIGuide, ops
 from pyro_whvi.models import BayesianMLP
+from pyro_whvi.nn import bayesian_, kl_divergence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _results import environment, report_saved, save_figure, save_tables, style_log_axes
 
-GUIDES = ("AutoNormal", "WHVI")
+#: Column key and label of every case; ``plain`` is the baseline of the ratios.
+CASES = {
+    "plain": "plain PyTorch",
+    "plain_compiled": "plain PyTorch, compiled",
+    "layers": "pyro_whvi.nn layers",
+    "layers_compiled": "pyro_whvi.nn layers, compiled",
+    "autonormal": "SVI AutoNormal",
+    "whvi": "SVI AutoWHVIGuide",
+}
 WARMUP_STEPS = 3
 
 
@@ -54,47 +73,92 @@ def _adam() -> PyroOptim:
     return PyroOptim(torch.optim.Adam, {"lr": 1e-3})  # what pyro.optim.Adam is, without the dynamic attribute
 
 
-def _setup(name: str, size: int, x: torch.Tensor, y: torch.Tensor) -> tuple[Callable[[], Any], StateDict, int]:
+def _network(size: int) -> nn.Sequential:
+    return nn.Sequential(nn.Linear(size, size), nn.ReLU(), nn.Linear(size, size), nn.ReLU(), nn.Linear(size, 1))
+
+
+def _torch_step(case: str, size: int, x: torch.Tensor, y: torch.Tensor) -> tuple[Callable[[], Any], int]:
+    """A plain-PyTorch training step (``plain*`` or ``layers*``) and its number of parameters."""
+    network = _network(size)
+    if case.startswith("layers"):
+        bayesian_(network, "whvi", mean_field_last_layer=True)
+    log_noise = nn.Parameter(torch.zeros(()))
+    parameters = [*network.parameters(), log_noise]
+    optimizer = torch.optim.Adam(parameters, lr=1e-3)
+    bayesian = case.startswith("layers")
+
+    def loss_fn(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        likelihood = torch.distributions.Normal(network(x).squeeze(-1), log_noise.exp(), validate_args=False)
+        loss = -likelihood.log_prob(y).sum()
+        return loss + kl_divergence(network) if bayesian else loss
+
+    if case.endswith("compiled"):
+        loss_fn = torch.compile(loss_fn, fullgraph=True, options={"fallback_random": True})
+
+    def step() -> torch.Tensor:
+        optimizer.zero_grad()
+        loss = loss_fn(x, y)
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    for _ in range(1 + WARMUP_STEPS):
+        loss = step()
+    if not math.isfinite(loss.item()):
+        raise RuntimeError(f"{case} at D={size}: non-finite loss {loss.item()} after warm-up")
+    return step, sum(p.numel() for p in parameters)
+
+
+def _svi_step(case: str, size: int, x: torch.Tensor, y: torch.Tensor) -> tuple[Callable[[], Any], StateDict, int]:
     """A set-up and warmed-up SVI step for one guide, its param-store scope and its parameter count."""
     model = BayesianMLP([size, size, size, 1])
     with pyro.get_param_store().scope() as state:
         guide: AutoNormal | AutoWHVIGuide
-        guide = AutoWHVIGuide(model) if name == "WHVI" else AutoNormal(model)
+        guide = AutoWHVIGuide(model) if case == "whvi" else AutoNormal(model)
         svi = SVI(model, guide, _adam(), Trace_ELBO())
         loss = svi.step(x, y)  # sets the guide up, with Pyro's validation as configured
         with pyro.validation_enabled(False):
             for _ in range(WARMUP_STEPS):
                 loss = svi.step(x, y)
         if not math.isfinite(loss):
-            raise RuntimeError(f"{name} at D={size}: non-finite loss {loss} after warm-up")
+            raise RuntimeError(f"{case} at D={size}: non-finite loss {loss} after warm-up")
     return (lambda: svi.step(x, y)), state, sum(p.numel() for p in guide.parameters())
 
 
-def _time(step: Callable[[], Any], state: StateDict, min_run_time: float) -> float:
+def _setup(case: str, size: int, x: torch.Tensor, y: torch.Tensor) -> tuple[Callable[[], Any], StateDict | None, int]:
+    if case in ("autonormal", "whvi"):
+        return _svi_step(case, size, x, y)
+    step, count = _torch_step(case, size, x, y)
+    return step, None, count
+
+
+def _time(step: Callable[[], Any], state: StateDict | None, min_run_time: float) -> float:
     with pyro.get_param_store().scope(state), pyro.validation_enabled(False):
         timer = benchmark.Timer(stmt="fn()", globals={"fn": step}, num_threads=torch.get_num_threads())
         return float(timer.blocked_autorange(min_run_time=min_run_time).median)
 
 
 def measure(sizes: list[int], batch: int, min_run_time: float, rounds: int, label: str) -> list[dict[str, Any]]:
-    """One row per D; each D's guides run in ``rounds`` interleaved rounds and the fastest median is kept."""
+    """One row per D; each D's cases run in ``rounds`` interleaved rounds and the fastest median is kept."""
     generator = torch.Generator().manual_seed(0)
     rows = []
-    with tqdm(total=len(sizes) * rounds * len(GUIDES), desc=f"timing ({label})", unit="case") as progress:
+    with tqdm(total=len(sizes) * rounds * len(CASES), desc=f"timing ({label})", unit="case") as progress:
         for size in sizes:
             x = torch.randn(batch, size, generator=generator, dtype=torch.float32)
             y = torch.randn(batch, generator=generator, dtype=torch.float32)
             pyro.set_rng_seed(0)
-            cases = {name: _setup(name, size, x, y) for name in GUIDES}
-            best = dict.fromkeys(GUIDES, math.inf)
+            cases = {case: _setup(case, size, x, y) for case in CASES}
+            best = dict.fromkeys(CASES, math.inf)
             for _ in range(rounds):
-                for name, (step, state, _) in cases.items():
-                    best[name] = min(best[name], _time(step, state, min_run_time))
+                for case, (step, state, _) in cases.items():
+                    best[case] = min(best[case], _time(step, state, min_run_time))
                     progress.update()
             row: dict[str, Any] = {"D": size, "batch": batch}
-            row.update(autonormal_params=cases["AutoNormal"][2], whvi_params=cases["WHVI"][2])
-            row.update(autonormal_ms_per_step=best["AutoNormal"] * 1e3, whvi_ms_per_step=best["WHVI"] * 1e3)
-            rows.append({**row, "whvi_over_autonormal": best["WHVI"] / best["AutoNormal"]})
+            row.update(autonormal_params=cases["autonormal"][2], whvi_params=cases["whvi"][2])
+            row.update(layers_params=cases["layers"][2])
+            row.update({f"{case}_ms_per_step": best[case] * 1e3 for case in CASES})
+            row.update({f"{case}_over_plain": best[case] / best["plain"] for case in CASES if case != "plain"})
+            rows.append({**row, "whvi_over_autonormal": best["whvi"] / best["autonormal"]})
             del cases
             gc.collect()
     return rows
@@ -102,16 +166,18 @@ def measure(sizes: list[int], batch: int, min_run_time: float, rounds: int, labe
 
 def markdown(rows: list[dict[str, Any]], batch: int, threads: int) -> str:
     lines = [
-        f"\n### One SVI step of BayesianMLP([D, D, D, 1]), batch {batch}, fp32, {threads} threads,"
-        " Pyro validation off\n",
-        "| D | AutoNormal params | WHVI params | AutoNormal ms/step | WHVI ms/step | WHVI / AutoNormal |",
-        "|---|---|---|---|---|---|",
+        f"\n### One training step of a [D, D, D, 1] Bayesian MLP, batch {batch}, fp32, {threads} threads "
+        "(ms per step; in brackets: over plain PyTorch)\n",
+        "| D | " + " | ".join(CASES.values()) + " | params AutoNormal / AutoWHVIGuide / layers |",
+        "|---|" + "---|" * (len(CASES) + 1),
     ]
     for r in rows:
-        lines.append(
-            f"| {r['D']} | {r['autonormal_params']:,} | {r['whvi_params']:,} | {r['autonormal_ms_per_step']:.2f} "
-            f"| {r['whvi_ms_per_step']:.2f} | {r['whvi_over_autonormal']:.3g} |"
-        )
+        cells = [f"{r['plain_ms_per_step']:.3f}"]
+        cells += [
+            f"{r[f'{case}_ms_per_step']:.3f} ({r[f'{case}_over_plain']:.3g}x)" for case in CASES if case != "plain"
+        ]
+        counts = f"{r['autonormal_params']:,} / {r['whvi_params']:,} / {r['layers_params']:,}"
+        lines.append(f"| {r['D']} | " + " | ".join(cells) + f" | {counts} |")
     return "\n".join(lines)
 
 
@@ -123,19 +189,19 @@ def plot(rows: list[dict[str, Any]], batch: int, threads: int, path: Path) -> bo
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    fig, ax = plt.subplots(figsize=(6, 4.2))
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
     sizes = [r["D"] for r in rows]
-    for label, key in (("AutoNormal", "autonormal_ms_per_step"), ("AutoWHVIGuide", "whvi_ms_per_step")):
-        ax.plot(sizes, [r[key] for r in rows], marker="o", label=label)
-    ax.set_ylabel("time per SVI step [ms]")
-    style_log_axes(ax, "D (hidden width)", f"BayesianMLP([D, D, D, 1]), batch {batch} (fp32, CPU, {threads} threads)")
+    for case, label in CASES.items():
+        ax.plot(sizes, [r[f"{case}_ms_per_step"] for r in rows], marker="o", label=label)
+    ax.set_ylabel("time per training step [ms]")
+    style_log_axes(ax, "D (hidden width)", f"[D, D, D, 1] Bayesian MLP, batch {batch} (fp32, CPU, {threads} threads)")
     return save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="shorter runs and D up to 2^10")
-    parser.add_argument("--batch", type=int, default=128, help="rows per step (default 128)")
+    parser.add_argument("--batch", type=int, default=64, help="rows per step (default 64)")
     parser.add_argument("--max-log2-d", type=int, default=None, help="largest D as a power of two (default 12)")
     parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 3, 2 with --quick)")
     parser.add_argument("--min-run-time", type=float, default=None, help="seconds per timing (default 1, quick 0.2)")
@@ -158,6 +224,9 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_default_dtype(torch.float32)  # the models' parameters and priors
     torch.set_num_threads(args.threads or previous_threads)
     threads = torch.get_num_threads()
+    # Every size compiles the same loss functions anew (two per size); Dynamo's default limit of 8
+    # recompilations per function would end the sweep with a hard error under fullgraph=True.
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 4 * len(sizes))
     try:
         rows = measure(sizes, args.batch, min_run_time, rounds, "quick" if args.quick else "full")
     finally:

@@ -9,7 +9,7 @@ GPflow), is imported on first access.
 import importlib
 from typing import Any
 
-from . import distributions, infer, init, ops
+from . import distributions, infer, init, nn, ops
 from .distributions import StructuredDropoutNoise, WHVIMatrix, WHVINormal
 from .infer import AutoVSDGuide, AutoWHVIGuide, KLAnnealing, WHVIReparam, local_reparameterization
 from .init import iblm_, xavier_normal_
@@ -41,6 +41,7 @@ __all__ = [
     "infer",
     "init",
     "local_reparameterization",
+    "nn",
     "ops",
     "xavier_normal_",
 ]

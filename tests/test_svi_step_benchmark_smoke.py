@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from .helpers import ROOT, run_python
 
 SCRIPT = ROOT / "benchmarks" / "svi_step.py"
@@ -22,9 +24,13 @@ def test_svi_step_benchmark_quick(tmp_path):
     assert sorted(rows) == [128, 256]
     for size, row in rows.items():
         assert row["batch"] == 8
-        assert row["autonormal_ms_per_step"] > 0 and row["whvi_ms_per_step"] > 0
+        for case in ("plain", "plain_compiled", "layers", "layers_compiled", "autonormal", "whvi"):
+            assert row[f"{case}_ms_per_step"] > 0, case
+        assert row["layers_over_plain"] == pytest.approx(row["layers_ms_per_step"] / row["plain_ms_per_step"])
         assert row["whvi_over_autonormal"] > 0
         # AutoNormal: a loc and a scale per weight and bias of the [D, D, D, 1] network.
         assert row["autonormal_params"] == 2 * (2 * size * size + 3 * size + 1)
         assert 0 < row["whvi_params"] < row["autonormal_params"]
-    assert "| D | AutoNormal params | WHVI params |" in (tmp_path / "svi_step_quick.md").read_text()
+        # The layers: the guide's WHVI and mean-field parameters, plus the learned noise scale (a point estimate).
+        assert row["layers_params"] == row["whvi_params"] + 1
+    assert "| D | plain PyTorch | plain PyTorch, compiled |" in (tmp_path / "svi_step_quick.md").read_text()

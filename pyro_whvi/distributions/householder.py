@@ -89,7 +89,7 @@ class StructuredDropoutNoise(dist.TransformedDistribution):
                 f"StructuredDropoutNoise: vectors must have shape (T, {alpha.shape[-1]}), got {tuple(vectors.shape)}."
             )
         self.alpha, self.vectors = alpha, vectors
-        base = dist.Normal(torch.zeros_like(alpha), alpha.sqrt()).to_event(1)
+        base = dist.Normal(torch.zeros_like(alpha), alpha.sqrt(), validate_args=validate_args).to_event(1)
         transforms = [ConditionedHouseholder(vectors), AffineTransform(torch.ones_like(alpha), 1.0, event_dim=1)]
         super().__init__(base, transforms, validate_args=validate_args)
 

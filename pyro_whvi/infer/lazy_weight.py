@@ -44,11 +44,13 @@ from torch import Tensor
 
 from ..distributions import WHVIMatrix
 from ..distributions.householder import StructuredDropoutNoise
+from ..ops.shapes import stacked_whvi_conv2d
 
 __all__ = [
     "LazyWeight",
     "VSDWeight",
     "WHVIWeight",
+    "along_examples",
     "local_reparameterization",
     "local_reparameterization_enabled",
     "scale_along",
@@ -104,9 +106,6 @@ def check_example_dim(example_dim, owner: str) -> int:
             f"batches, 1 for sequence-first (T, B, D)), got {example_dim!r}."
         )
     return example_dim
-
-
-_pair = torch.nn.modules.utils._pair
 
 
 class LazyWeight(Tensor):
@@ -283,21 +282,15 @@ class WHVIWeight(LazyWeight):
             return None
         g = self.example_noise(input.shape[self.example_dim])  # (B, K, D)
         if input.dim() > 2 or self.example_dim:
-            g = _along(g, self.example_dim, input.dim() - 1).expand(*input.shape[:-1], *g.shape[1:])
+            g = along_examples(g, self.example_dim, input.dim() - 1).expand(*input.shape[:-1], *g.shape[1:])
         return self.distribution.matvec(input, g)
 
     def local_conv(self, conv, images, stride, padding, dilation, groups):
         distribution = self.distribution
         if conv is not F.conv2d or groups != 1 or isinstance(padding, str) or distribution.layout.kind != "matrix":
             return None
-        stride, padding, dilation = _pair(stride), _pair(padding), _pair(dilation)
-        out_channels, _, kernel_h, kernel_w = self.shape
-        patches = F.unfold(images, (kernel_h, kernel_w), dilation=dilation, padding=padding, stride=stride)
-        height = (images.shape[-2] + 2 * padding[0] - dilation[0] * (kernel_h - 1) - 1) // stride[0] + 1
-        width = (images.shape[-1] + 2 * padding[1] - dilation[1] * (kernel_w - 1) - 1) // stride[1] + 1
-        g = self.example_noise(images.shape[0]).unsqueeze(-3)  # one draw per image: (N, 1, K, D)
-        output = distribution.matvec(patches.mT, g)  # (N, L, C_out)
-        return output.mT.reshape(images.shape[0], out_channels, height, width)
+        g = self.example_noise(images.shape[0])  # one draw per image: (N, K, D)
+        return stacked_whvi_conv2d(images, distribution.s1, g, distribution.s2, self.shape, stride, padding, dilation)
 
 
 def scale_along(theta: Tensor, xi: Tensor, noise_dim: int) -> Tensor:
@@ -367,7 +360,7 @@ class VSDWeight(LazyWeight):
         if self.noise_dim != 1 or self.theta.dim() != 2 or input.dim() < 2 or self.example_dim > input.dim() - 2:
             return None
         xi = self.example_noise(input.shape[self.example_dim])  # (B, K)
-        return F.linear(input * _along(xi, self.example_dim, input.dim() - 1), self.theta)
+        return F.linear(input * along_examples(xi, self.example_dim, input.dim() - 1), self.theta)
 
     def local_conv(self, conv, images, stride, padding, dilation, groups):
         if self.noise_dim != 0:
@@ -377,7 +370,7 @@ class VSDWeight(LazyWeight):
         return output * xi.reshape(xi.shape + (1,) * (output.dim() - 2))
 
 
-def _along(noise: Tensor, example_dim: int, batch_dims: int) -> Tensor:
+def along_examples(noise: Tensor, example_dim: int, batch_dims: int) -> Tensor:
     """Per-example ``noise`` ``(B, *event)`` viewed to broadcast against ``batch_dims`` input dimensions
     whose ``example_dim`` indexes the examples."""
     event = noise.shape[1:]

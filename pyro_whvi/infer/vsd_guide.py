@@ -54,7 +54,7 @@ __all__ = ["AutoVSDGuide", "HouseholderVectors"]
 Z_PRIORS = ("inverse_gamma", "gamma")
 
 
-class HouseholderVectors(PyroModule):
+class HouseholderVectors(nn.Module):
     r"""The Householder vectors of one site: :math:`v_1` free, :math:`v_t = \mathrm{FC}_t(v_{t-1})`, ``t = 2..T``.
 
     ``FC_t`` is a full ``K x K`` affine layer, or with ``hidden_rank = r`` a ``K -> r -> K`` ReLU
@@ -78,13 +78,11 @@ class HouseholderVectors(PyroModule):
                 step = nn.Sequential(nn.Linear(size, hidden_rank), nn.ReLU(), nn.Linear(hidden_rank, size))
             steps.append(step.to(dtype=like.dtype, device=like.device))
         self.steps = nn.ModuleList(steps)
-        pyro.nn.module.to_pyro_module_(self.steps)
-        pyro_params_(self)
 
     def forward(self) -> Tensor:
         """``(T, K)``; row ``t-1`` is :math:`v_t` (``T = 0``: an empty ``(0, K)``)."""
         if self.reflections == 0:
-            return self.empty
+            return self.get_buffer("empty")
         vectors: list[Tensor] = [self.first]
         for step in self.steps:
             vectors.append(step(vectors[-1]))
@@ -219,7 +217,9 @@ class AutoVSDGuide(StructuredAutoGuide):
         deep_setattr(self.vsd_theta, name, PyroParam(theta.clone(), constraints.real, event_dim=theta.dim()))
         alpha = theta.new_full((size,), self.init_alpha)
         deep_setattr(self.vsd_alpha, name, PyroParam(alpha, constraints.positive, event_dim=1))
-        deep_setattr(self.vsd_householder, name, HouseholderVectors(size, self.reflections, self.hidden_rank, theta))
+        vectors = HouseholderVectors(size, self.reflections, self.hidden_rank, theta)
+        pyro.nn.module.to_pyro_module_(vectors)  # its parameters become PyroParams of the guide
+        deep_setattr(self.vsd_householder, name, pyro_params_(vectors))
         if self.hierarchical:
             deep_setattr(self.vsd_z_loc, name, PyroParam(theta.new_zeros(size), constraints.real, event_dim=1))
             scale = theta.new_full((size,), 0.1)

@@ -41,7 +41,7 @@ from ..infer.reparam import g_site_name
 from .blm import cholesky_with_jitter
 from .whvi_projection import fit_whvi_mean, whvi_precision, whvi_rhs
 
-__all__ = ["LayerGaussian", "assign_layer", "check_guide", "set_param", "set_whvi_isotropic"]
+__all__ = ["LayerGaussian", "assign_layer", "check_guide", "project_onto_whvi", "set_param", "set_whvi_isotropic"]
 
 #: Above this block size the WHVI precision uses the diagonal of each row's BLM precision (memory K D^3).
 FULL_ROW_PRECISION_MAX_BLOCK = 256
@@ -111,6 +111,22 @@ def _block_view(values: Tensor, layout, rows: int, cols: int) -> Tensor:
     return _padded_rows(values.reshape(layout.out_features, layout.in_features, *trailing), rows, cols)
 
 
+def project_onto_whvi(
+    weight: Tensor, layout, s1: Tensor, s2: Tensor, prior_variance: float
+) -> tuple[Tensor, Tensor | None, Tensor]:
+    """``(s1, g, s2)`` whose WHVI weight is closest to ``weight`` (:func:`fit_whvi_mean` on the block grid).
+
+    ``s1``, ``s2`` are the starting point; an all-zero ``weight`` returns them unchanged and ``g = None``.
+    """
+    num_blocks, block_size = layout.block_shape
+    rows, cols, blocks = num_blocks * block_size, block_size, (num_blocks, block_size, block_size)
+    target = _block_view(weight, layout, rows, cols).view(blocks)
+    if not target.abs().max() > 0:
+        return s1, None, s2
+    mask = _block_view(torch.ones_like(weight), layout, rows, cols).view(blocks)
+    return fit_whvi_mean(target, mask, s1, s2, prior_variance)
+
+
 def _assign_whvi(guide: AutoWHVIGuide, site: str, mean: Tensor, precision: Tensor, rhs: Tensor) -> None:
     """Set ``s1``, ``s2`` and ``q(g)`` of a WHVI site from a Gaussian over its weight.
 
@@ -133,13 +149,10 @@ def _assign_whvi(guide: AutoWHVIGuide, site: str, mean: Tensor, precision: Tenso
     else:
         grid_precision = _block_view(precision, layout, rows, cols).reshape(num_blocks, block_size, block_size)
     blocks = (num_blocks, block_size, block_size)
-    target = _block_view(mean, layout, rows, cols).view(blocks)
-    mask = _block_view(torch.ones_like(mean), layout, rows, cols).view(blocks)
     s1 = deep_getattr(guide.whvi_s1, site).detach().double()
     s2 = deep_getattr(guide.whvi_s2, site).detach().double()
     lam = guide.prior_variance
-    if target.abs().max() > 0:
-        s1, _, s2 = fit_whvi_mean(target, mask, s1, s2, lam)
+    s1, _, s2 = project_onto_whvi(mean, layout, s1, s2, lam)
     eye = torch.eye(block_size, dtype=s1.dtype, device=s1.device)
     g_precision = whvi_precision(s1, s2, grid_precision, diagonal=False) + eye / lam
     g_rhs = whvi_rhs(s1, s2, _block_view(rhs, layout, rows, cols).view(blocks))

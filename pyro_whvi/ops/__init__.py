@@ -39,7 +39,14 @@ from .backends import (
     use_backend,
     use_compiled_kernels,
 )
-from .shapes import WHVIDimensions, pad_to_power_of_two, setup_dimensions, stacked_whvi_matvec, stacked_whvi_weight
+from .shapes import (
+    WHVIDimensions,
+    pad_to_power_of_two,
+    setup_dimensions,
+    stacked_whvi_conv2d,
+    stacked_whvi_matvec,
+    stacked_whvi_weight,
+)
 from .structured import fastfood, whvi_design
 
 __all__ = [
@@ -54,6 +61,7 @@ __all__ = [
     "reference",
     "set_backend",
     "setup_dimensions",
+    "stacked_whvi_conv2d",
     "stacked_whvi_matvec",
     "stacked_whvi_weight",
     "use_backend",

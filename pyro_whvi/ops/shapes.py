@@ -18,7 +18,14 @@ from torch import Tensor
 
 from ._checks import next_power_of_two
 
-__all__ = ["WHVIDimensions", "pad_to_power_of_two", "setup_dimensions", "stacked_whvi_matvec", "stacked_whvi_weight"]
+__all__ = [
+    "WHVIDimensions",
+    "pad_to_power_of_two",
+    "setup_dimensions",
+    "stacked_whvi_conv2d",
+    "stacked_whvi_matvec",
+    "stacked_whvi_weight",
+]
 
 
 @dataclass(frozen=True)
@@ -117,6 +124,31 @@ def stacked_whvi_matvec(x: Tensor, s1: Tensor, g: Tensor, s2: Tensor, out_featur
     padded = F.pad(x, (0, block_size - x.shape[-1])).unsqueeze(-2)
     y = whvi_matvec(padded, s1, g, s2)
     return y.flatten(-2)[..., :out_features]
+
+
+def stacked_whvi_conv2d(
+    images: Tensor, s1: Tensor, g: Tensor, s2: Tensor, weight_shape, stride=1, padding=0, dilation=1
+) -> Tensor:
+    r"""``F.conv2d(images, W)`` for the WHVI filter bank ``W`` read as a ``(C_out, C_in k_h k_w)`` matrix (§3.3).
+
+    Every patch goes through :func:`stacked_whvi_matvec`; ``W`` is never formed.
+
+    :param images: ``(N, C_in, H, W)``.
+    :param g: ``(K, D)`` shared, or ``(N, K, D)``: one draw per image.
+    :param weight_shape: ``(C_out, C_in, k_h, k_w)``.
+    :param stride: as ``F.conv2d`` (int or pair; ``groups=1``, numeric padding).
+    :returns: ``(N, C_out, H_out, W_out)``.
+    """
+    pair = torch.nn.modules.utils._pair
+    stride, padding, dilation = pair(stride), pair(padding), pair(dilation)
+    out_channels, _, kernel_h, kernel_w = weight_shape
+    patches = F.unfold(images, (kernel_h, kernel_w), dilation=dilation, padding=padding, stride=stride)
+    height = (images.shape[-2] + 2 * padding[0] - dilation[0] * (kernel_h - 1) - 1) // stride[0] + 1
+    width = (images.shape[-1] + 2 * padding[1] - dilation[1] * (kernel_w - 1) - 1) // stride[1] + 1
+    if g.dim() == 3:
+        g = g.unsqueeze(-3)  # (N, 1, K, D): each image's draw for all its patches
+    output = stacked_whvi_matvec(patches.mT, s1, g, s2, out_channels)  # (N, L, C_out)
+    return output.mT.reshape(images.shape[0], out_channels, height, width)
 
 
 def stacked_whvi_weight(s1: Tensor, g: Tensor, s2: Tensor, out_features: int, in_features: int) -> Tensor:
