@@ -59,6 +59,28 @@ def test_whvi_linear_each_example_uses_the_dense_weight_of_its_own_draw():
     torch.testing.assert_close(output, torch.einsum("boi,bi->bo", weights, x) + bias)
 
 
+@pytest.mark.parametrize(("in_features", "out_features"), [(1, 12), (12, 1)])
+def test_whvi_linear_with_a_side_of_one_uses_the_reshaped_vector_of_each_draw(in_features, out_features):
+    layer = WHVILinear(in_features, out_features)
+    assert layer.layout.kind == "vector" and tuple(layer.layout.block_shape) == (1, 4)  # 16 >= 12 entries
+    recorder = bayesian_(_Recorder(layer))
+    x = torch.randn(3, 2, in_features)  # (B, T, D): one draw per sequence
+    (output,) = recorder(x)
+    weights, bias = _whvi_dense(layer, recorder.noise)  # (3, out, in)
+    torch.testing.assert_close(output, torch.einsum("boi,bti->bto", weights, x) + bias[:, None])
+
+
+def test_paper_preset_puts_vectors_on_whvi_and_the_last_layer_mean_field():
+    network = nn.Sequential(nn.Linear(1, 8), nn.Tanh(), nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 1))
+    bayesian_(network, preset="paper")
+    assert [type(m) for m in network[::2]] == [WHVILinear, WHVILinear, MeanFieldLinear]
+    assert network[0].layout.kind == "vector"
+    default = bayesian_(nn.Sequential(nn.Linear(1, 8), nn.Tanh(), nn.Linear(8, 8)))
+    assert [type(m) for m in default[::2]] == [MeanFieldLinear, WHVILinear]
+    with pytest.raises(ValueError, match="preset must be one of"):
+        bayesian_(nn.Sequential(nn.Linear(2, 2)), preset="fast")
+
+
 def test_tied_uses_within_one_execution_see_one_weight_and_the_next_execution_draws_anew():
     layer = WHVILinear(6, 6)
     recorder = bayesian_(_Recorder(layer))

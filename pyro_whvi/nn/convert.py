@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..infer.autoguide import PRESETS
 from ..infer.lazy_weight import check_example_dim
 from ..init.assign import project_onto_whvi
 from .base import ExecutionScope, VariationalLayer
@@ -34,11 +35,15 @@ def _factory(like: torch.Tensor) -> dict:
     return {"device": like.device, "dtype": like.dtype}
 
 
-def _linear(layer: nn.Linear, method: str, mean_field: bool, options: dict, example_dim: int) -> VariationalLayer:
+def _linear(
+    layer: nn.Linear, method: str, mean_field: bool, vectors: bool, options: dict, example_dim: int
+) -> VariationalLayer:
     in_features, out_features, bias = layer.in_features, layer.out_features, layer.bias is not None
     common = {"example_dim": example_dim, **_factory(layer.weight)}
-    # As the guides' default selection: WHVI needs both sides > 1, VSD's noise more than one input.
-    if mean_field or (method == "whvi" and min(in_features, out_features) == 1) or in_features == 1:
+    # As the guides' default selection: WHVI takes a side of one only as a vector when asked, VSD's noise
+    # needs more than one input.
+    vector = min(in_features, out_features) == 1
+    if mean_field or (method == "whvi" and vector and not vectors) or (method == "vsd" and in_features == 1):
         kept = {key: value for key, value in options.items() if key in _MEAN_FIELD_OPTIONS}
         return MeanFieldLinear(in_features, out_features, bias, **kept, **common)
     if method == "whvi":
@@ -108,6 +113,8 @@ def bayesian_(
     method: str = "whvi",
     *,
     mean_field_last_layer: bool = False,
+    whvi_vectors: bool = False,
+    preset: str | None = None,
     skip: Iterable[str] = (),
     keep_weights: bool = False,
     example_dim: int = 0,
@@ -116,7 +123,7 @@ def bayesian_(
     r"""Swap the ``nn.Linear`` / ``nn.Conv2d`` layers of ``module`` for variational layers, in place.
 
     ``method="whvi"``: :class:`WHVILinear` / :class:`WHVIConv2d`; a linear layer with one input or one
-    output becomes a :class:`MeanFieldLinear` (WHVI would cover it only as a reshaped vector).
+    output becomes a :class:`MeanFieldLinear` (WHVI covers it only as a reshaped vector: ``whvi_vectors``).
     ``method="vsd"``: :class:`VSDLinear` / :class:`VSDConv2d`; a linear layer with one input becomes a
     :class:`MeanFieldLinear` (noise on a single input is not dropout). Both follow the structured
     guides' default choice of sites.
@@ -125,6 +132,10 @@ def bayesian_(
         container such as ``nn.Sequential``).
     :param mean_field_last_layer: make the last ``nn.Linear`` (in the order of ``module.named_modules()``,
         the definition order) a :class:`MeanFieldLinear`, as in the paper's experiments (§3.2).
+    :param whvi_vectors: WHVI also takes the linear layers with one input or one output, as reshaped
+        vectors (§2.5; the guide's ``expose="all"``), instead of making them mean-field.
+    :param preset: ``"paper"``: the WHVI paper's experiments (§3.2), ``whvi_vectors=True`` and
+        ``mean_field_last_layer=True`` (as :data:`pyro_whvi.infer.autoguide.PRESETS`).
     :param skip: names (as in ``named_modules()``) of layers to leave deterministic.
     :param keep_weights: start each posterior mean at the layer's current weight and bias (a
         pretrained network); otherwise the layers' own initialization (that of the structured guides).
@@ -138,6 +149,11 @@ def bayesian_(
         WHVI paper (Rossi et al., NeurIPS 2020), §3.2–3.3, App. B; VSD paper (Nguyen et al., NeurIPS
         2021), §3.4.
     """
+    if preset is not None:
+        if preset not in PRESETS:
+            raise ValueError(f"bayesian_: preset must be one of {sorted(PRESETS)} or None, got {preset!r}.")
+        whvi_vectors = whvi_vectors or PRESETS[preset]["expose"] == "all"
+        mean_field_last_layer = mean_field_last_layer or PRESETS[preset]["mean_field_last_layer"]
     if method not in METHODS:
         raise ValueError(f"bayesian_: method must be one of {METHODS}, got {method!r}.")
     if not isinstance(module, nn.Module):
@@ -170,7 +186,7 @@ def bayesian_(
         if name in skip:
             continue
         if isinstance(layer, nn.Linear):
-            new = _linear(layer, method, name == last, options, example_dim)
+            new = _linear(layer, method, name == last, whvi_vectors, options, example_dim)
         else:
             new = _conv(name, layer, method, options)
         if keep_weights:

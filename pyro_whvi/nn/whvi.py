@@ -23,6 +23,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from ..distributions import WHVILayout, WHVINormal
+from ..distributions.whvi_matrix import whvi_weight
 from ..infer.reparam import init_whvi_scales, whvi_prior
 from ..ops.shapes import stacked_whvi_conv2d, stacked_whvi_matvec
 from .base import VariationalLayer, normal_kl, softplus_inverse
@@ -38,12 +39,11 @@ class _WHVILayer(VariationalLayer):
         if not prior_variance > 0 or not init_scale > 0:
             raise ValueError(f"{type(self).__name__}: prior_variance and init_scale must be > 0.")
         layout = WHVILayout.for_shape(shape, site=type(self).__name__)
-        if layout.kind != "matrix":
+        if layout.kind != "matrix" and len(shape) != 2:
             raise ValueError(
-                f"{type(self).__name__}: a weight of shape {tuple(shape)} has a side of length one, which WHVI "
-                "covers only as a reshaped vector; use pyro_whvi.nn.MeanFieldLinear for it."
+                f"{type(self).__name__}: a filter bank of shape {tuple(shape)} needs C_out > 1 and C_in k_h k_w > 1."
             )
-        self.layout, self.out_features, self.prior_variance = layout, layout.out_features, float(prior_variance)
+        self.layout, self.out_features, self.prior_variance = layout, shape[0], float(prior_variance)
         like = torch.empty((), device=device, dtype=dtype or torch.get_default_dtype())
         s1, s2 = init_whvi_scales(layout, self.prior_variance, like)
         self.s1, self.s2 = nn.Parameter(s1), nn.Parameter(s2)
@@ -89,9 +89,11 @@ class _WHVILayer(VariationalLayer):
 class WHVILinear(_WHVILayer):
     r"""``y = W x + b``, :math:`W = S_1 H \operatorname{diag}(g) H S_2`, one draw of ``g`` per example.
 
-    :param in_features: ``D_in`` (> 1).
-    :param out_features: ``D_out`` (> 1); ``K = ceil(D_out / D)`` blocks of size ``D``, the next power
-        of two of ``D_in``.
+    :param in_features: ``D_in``.
+    :param out_features: ``D_out``; ``K = ceil(D_out / D)`` blocks of size ``D``, the next power of two
+        of ``D_in``. A weight with a side of one (``n`` entries) is a reshaped vector instead: one
+        ``D x D`` block with ``D^2 >= n`` (§2.5), whose dense weight each example forms
+        (:math:`O(D^2 \log D)`, ``D ~ sqrt(n)``).
     :param bias: learn a mean-field Normal bias with prior :math:`\mathcal{N}(0, \text{bias\_prior\_scale}^2)`.
     :param prior_variance: :math:`\lambda`.
     :param init_scale: initial :math:`\sigma` in units of :math:`\sqrt\lambda` (of the bias: of its prior scale).
@@ -121,8 +123,12 @@ class WHVILinear(_WHVILayer):
     def forward(self, input: Tensor) -> Tensor:
         self.check_linear_input(input, self.in_features)
         g, bias = self.split_noise(self.linear_noise(input, self.layout.num_latent + self.bias_size))
-        g = g.expand(*input.shape[:-1], *g.shape[-2:])
-        output = stacked_whvi_matvec(input, self.s1, g, self.s2, self.out_features)
+        if self.layout.kind == "vector":  # a side of one: each example's (small) dense weight, §2.5
+            weight = whvi_weight(self.s1, g, self.s2, self.layout)
+            output = (weight @ input.unsqueeze(-1)).squeeze(-1)
+        else:
+            g = g.expand(*input.shape[:-1], *g.shape[-2:])
+            output = stacked_whvi_matvec(input, self.s1, g, self.s2, self.out_features)
         self.register_with_pyro()
         return output if bias is None else output + bias
 
