@@ -29,8 +29,8 @@ demo: install build-kernels
 	$(BIN)/whvi bench fwht --quick
 
 lint:
-	$(BIN)/ruff check pyro_whvi tests benchmarks tutorials
-	$(BIN)/ruff format --check pyro_whvi tests benchmarks tutorials
+	$(BIN)/ruff check pyro_whvi tests benchmarks tutorials cuda/triton
+	$(BIN)/ruff format --check pyro_whvi tests benchmarks tutorials cuda/triton
 	$(BIN)/mypy
 
 # Everything CI runs: all extras, lint, types, and the whole test suite with the compiled kernels required.

@@ -1,0 +1,130 @@
+r"""Triton GPU kernels of the FWHT and the fused WHVI product (installed as ``pyro_whvi._triton.kernels``).
+
+Every kernel transforms a block of ``ROWS`` rows of length ``D`` (a power of two, at most
+:data:`MAX_FUSED_SIZE`) held in registers: one read and one write of the data, the ``log2 D``
+butterfly stages of :func:`_hadamard` in between (each a reshape to ``(ROWS, D / 2h, 2, h)`` and a
+sum and difference of the two halves). Half types load and store in their own type and compute in
+float32, float64 in float64. Inputs are contiguous ``(rows, D)``; a broadcast operand is read through
+a per-row offset table (``*_rows``) instead of being materialized.
+
+The same source runs on CPU tensors under ``TRITON_INTERPRET=1`` (how the tests check it on machines
+without a GPU) and compiles for a CUDA target without one (``triton.compile``).
+
+References:
+    WHVI paper (Rossi et al., NeurIPS 2020), §2.1 (FWHT), §2.2–2.3 (eq. 3, 6), §3.4 and App. D.5.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+#: The largest ``D`` transformed in one program; longer rows are split into two passes (``H_{AB} = H_A \otimes H_B``).
+MAX_FUSED_SIZE = 8192
+
+
+@triton.jit
+def _hadamard(x, ROWS: tl.constexpr, D: tl.constexpr, LOG_D: tl.constexpr):
+    """The unnormalized Walsh–Hadamard transform of each row of ``x`` ``(ROWS, D)`` (Sylvester order)."""
+    for stage in tl.static_range(LOG_D):
+        pairs = tl.reshape(x, (ROWS, D // (2 << stage), 2, 1 << stage))
+        top, bottom = tl.split(tl.permute(pairs, (0, 1, 3, 2)))
+        x = tl.reshape(tl.permute(tl.join(top + bottom, top - bottom), (0, 1, 3, 2)), (ROWS, D))
+    return x
+
+
+@triton.jit
+def _load_rows(ptr, row_offsets_ptr, rows, mask, D: tl.constexpr, COMPUTE: tl.constexpr):
+    """Rows ``row_offsets[rows]`` of a contiguous ``(n, D)`` tensor, in the compute type."""
+    offsets = tl.load(row_offsets_ptr + rows, mask=mask, other=0).to(tl.int64)
+    columns = tl.arange(0, D)
+    return tl.load(ptr + offsets[:, None] * D + columns[None, :], mask=mask[:, None], other=0.0).to(COMPUTE)
+
+
+@triton.jit
+def _load_own_rows(ptr, rows, mask, D: tl.constexpr, COMPUTE: tl.constexpr):
+    """Rows ``rows`` of a contiguous ``(n, D)`` tensor, in the compute type."""
+    columns = tl.arange(0, D)
+    return tl.load(ptr + rows.to(tl.int64)[:, None] * D + columns[None, :], mask=mask[:, None], other=0.0).to(COMPUTE)
+
+
+@triton.jit
+def _store_rows(ptr, value, rows, mask, D: tl.constexpr):
+    columns = tl.arange(0, D)
+    tl.store(
+        ptr + rows.to(tl.int64)[:, None] * D + columns[None, :], value.to(ptr.dtype.element_ty), mask=mask[:, None]
+    )
+
+
+@triton.jit
+def fwht_kernel(
+    x_ptr, y_ptr, n_rows, scale, ROWS: tl.constexpr, D: tl.constexpr, LOG_D: tl.constexpr, COMPUTE: tl.constexpr
+):
+    """``y = scale * H x`` row by row; ``x`` and ``y`` contiguous ``(n_rows, D)``."""
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    mask = rows < n_rows
+    x = _load_own_rows(x_ptr, rows, mask, D, COMPUTE)
+    _store_rows(y_ptr, _hadamard(x, ROWS, D, LOG_D) * scale, rows, mask, D)
+
+
+@triton.jit
+def whvi_matvec_kernel(
+    x_ptr, x_rows, s1_ptr, s1_rows, g_ptr, g_rows, s2_ptr, s2_rows, y_ptr, n_rows, scale,
+    ROWS: tl.constexpr, D: tl.constexpr, LOG_D: tl.constexpr, COMPUTE: tl.constexpr,
+):  # fmt: skip
+    r"""``y = s1 * H(g * H(s2 * x))`` with the orthonormal ``H`` (``scale = 1 / D``): both transforms and the
+    three diagonal scalings in one pass over the data."""
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    mask = rows < n_rows
+    x = _load_rows(x_ptr, x_rows, rows, mask, D, COMPUTE)
+    u = _hadamard(_load_rows(s2_ptr, s2_rows, rows, mask, D, COMPUTE) * x, ROWS, D, LOG_D)
+    v = _hadamard(_load_rows(g_ptr, g_rows, rows, mask, D, COMPUTE) * u, ROWS, D, LOG_D)
+    _store_rows(y_ptr, _load_rows(s1_ptr, s1_rows, rows, mask, D, COMPUTE) * v * scale, rows, mask, D)
+
+
+@triton.jit
+def whvi_matvec_backward_kernel(
+    grad_ptr, x_ptr, x_rows, s1_ptr, s1_rows, g_ptr, g_rows, s2_ptr, s2_rows,
+    grad_x_ptr, grad_s1_ptr, grad_g_ptr, grad_s2_ptr, n_rows, scale,
+    ROWS: tl.constexpr, D: tl.constexpr, LOG_D: tl.constexpr, COMPUTE: tl.constexpr,
+):  # fmt: skip
+    r"""Per-row vector-Jacobian products of :func:`whvi_matvec_kernel` (the host sums broadcast rows).
+
+    With :math:`u = H(s_2 x)`, :math:`v = H(g u)`, :math:`w = H(s_1 \bar y)`, :math:`z = H(g w)`
+    (orthonormal ``H``): :math:`\bar x = s_2 z`, :math:`\bar s_1 = \bar y v`, :math:`\bar g = w u`,
+    :math:`\bar s_2 = x z`. Four transforms, one read of each operand, one write of each product.
+    """
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    mask = rows < n_rows
+    root = tl.sqrt(scale)  # D^(-1/2): one orthonormal transform
+    # Ordered so that at most three rows are live at a time (x and s2 are read twice rather than kept):
+    # at D = 8192 keeping all nine spilled registers.
+    x = _load_rows(x_ptr, x_rows, rows, mask, D, COMPUTE)
+    u = _hadamard(_load_rows(s2_ptr, s2_rows, rows, mask, D, COMPUTE) * x, ROWS, D, LOG_D) * root
+    g = _load_rows(g_ptr, g_rows, rows, mask, D, COMPUTE)
+    v = _hadamard(g * u, ROWS, D, LOG_D) * root
+    grad = _load_own_rows(grad_ptr, rows, mask, D, COMPUTE)
+    _store_rows(grad_s1_ptr, grad * v, rows, mask, D)
+    w = _hadamard(_load_rows(s1_ptr, s1_rows, rows, mask, D, COMPUTE) * grad, ROWS, D, LOG_D) * root
+    _store_rows(grad_g_ptr, w * u, rows, mask, D)
+    z = _hadamard(g * w, ROWS, D, LOG_D) * root
+    _store_rows(grad_x_ptr, _load_rows(s2_ptr, s2_rows, rows, mask, D, COMPUTE) * z, rows, mask, D)
+    _store_rows(grad_s2_ptr, _load_rows(x_ptr, x_rows, rows, mask, D, COMPUTE) * z, rows, mask, D)
+
+
+def rows_per_program(size: int, double: bool = False) -> int:
+    """Rows of length ``size`` a program transforms: about 2048 elements (1024 in float64), at most 16 rows."""
+    return max(1, min(16, (1024 if double else 2048) // size))
+
+
+def num_warps(kernel_name: str, size: int) -> int:
+    """Warps per program: enough threads that a program's rows fit in registers without spilling
+    (checked with ``ptxas -v`` for sm_80 and sm_90, :func:`pyro_whvi.ops.triton_backend.resource_usage`)."""
+    limit = 1024 if kernel_name == "whvi_matvec_backward_kernel" else 2048
+    return 4 if size <= limit else 8
+
+
+def max_fused_size(kernel_name: str, double: bool) -> int:
+    """The largest ``D`` the kernel takes in one program; float64's backward keeps nine rows at 8192 and
+    spills, so it stops at 4096 (longer rows go through the unfused composition)."""
+    return MAX_FUSED_SIZE // 2 if double and kernel_name == "whvi_matvec_backward_kernel" else MAX_FUSED_SIZE

@@ -1,0 +1,225 @@
+r"""The GPU implementations of the ``pyro_whvi`` operators: Triton kernels (``cuda/triton/``) launched from here.
+
+:func:`register` makes them the ``CUDA`` kernels of the ``torch.library`` operators, so
+``torch.ops.pyro_whvi.*``, their autograd formulas, fake kernels and ``torch.compile`` behave on CUDA
+tensors as on CPU. Registration does not import Triton: the first CUDA tensor does. Without Triton
+the kernels fall back to the pure-PyTorch reference with one warning that names the fix.
+
+The launchers take any device Triton can run on; the tests call them on CPU tensors under
+``TRITON_INTERPRET=1``, the same kernel source a GPU compiles.
+
+Why ``register_kernel``-style registration and not ``torch.library.triton_op``: the operators, their
+schemas, fake kernels and autograd already exist (:mod:`pyro_whvi.ops._library`) with the CPU
+kernels in C++; ``triton_op`` would define a second operator for the same function. The cost is that
+``torch.compile`` sees our kernels as opaque calls instead of tracing into them, as it does for the
+C++ kernels.
+
+References:
+    WHVI paper (Rossi et al., NeurIPS 2020), §2.1–2.3, §3.4, App. D.5.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import warnings
+from pathlib import Path
+from types import ModuleType
+
+import torch
+from torch import Tensor
+
+from . import reference
+
+__all__ = [
+    "KERNELS",
+    "fwht",
+    "kernels",
+    "register",
+    "resource_usage",
+    "triton_available",
+    "whvi_matvec",
+    "whvi_matvec_backward",
+]
+
+#: The kernels of ``cuda/triton/kernels.py``.
+KERNELS = ("fwht_kernel", "whvi_matvec_kernel", "whvi_matvec_backward_kernel")
+
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+@functools.cache
+def kernels() -> ModuleType | None:
+    """The kernel module (imports Triton), or ``None`` with one warning when Triton cannot be imported."""
+    try:
+        from .._csrc.triton import kernels as module
+    except ImportError as error:
+        warnings.warn(
+            f"pyro_whvi: CUDA tensors use the pure-PyTorch reference ops because Triton cannot be imported ({error}). "
+            "Install it (`pip install triton`, part of PyTorch's CUDA wheels) for the GPU kernels.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return None
+    return module
+
+
+def triton_available() -> bool:
+    return kernels() is not None
+
+
+def _compute_type(dtype: torch.dtype):
+    import triton.language as tl
+
+    return tl.float64 if dtype == torch.float64 else tl.float32
+
+
+def _launch(name: str, module: ModuleType, n_rows: int, size: int, *args, scale: float) -> None:
+    rows = module.rows_per_program(size, args[0].dtype == torch.float64)
+    getattr(module, name)[(max(1, -(-n_rows // rows)),)](
+        *args,
+        n_rows,
+        scale,
+        ROWS=rows,
+        D=size,
+        LOG_D=size.bit_length() - 1,
+        COMPUTE=_compute_type(args[0].dtype),
+        num_warps=module.num_warps(name, size),
+    )
+
+
+def _rows(t: Tensor, shape: torch.Size) -> tuple[Tensor, Tensor]:
+    """``t`` as contiguous ``(n, D)`` rows and, for each row of the broadcast ``shape``, the index of its row."""
+    size = shape[-1]
+    t = t.reshape((1,) * (len(shape) - t.dim()) + tuple(t.shape)).contiguous()
+    count = t.numel() // size
+    index = torch.arange(count, device=t.device, dtype=torch.int64).reshape(t.shape[:-1]).expand(shape[:-1])
+    return t.reshape(count, size), index.reshape(-1).contiguous()  # reshape can keep a zero stride
+
+
+def _two_pass_fwht(x: Tensor, normalized: bool, fused_size: int) -> Tensor:
+    """``H_{AB} = H_A \\otimes H_B``: the transform along ``B``-long chunks, then along the ``A`` axis."""
+    size = x.shape[-1]
+    outer = size // fused_size
+    y = fwht(x.reshape(*x.shape[:-1], outer, fused_size), normalized)
+    y = fwht(y.transpose(-1, -2), normalized).transpose(-1, -2)
+    return y.reshape(x.shape)
+
+
+def fwht(x: Tensor, normalized: bool = True) -> Tensor:
+    """:func:`pyro_whvi.ops.fwht` with the Triton kernel (the reference without Triton)."""
+    module = kernels()
+    if module is None or x.dtype not in _DTYPES:
+        return reference.fwht(x, normalized).contiguous()
+    size = x.shape[-1]
+    if size > module.MAX_FUSED_SIZE:
+        return _two_pass_fwht(x, normalized, module.MAX_FUSED_SIZE)
+    rows = x.reshape(-1, size).contiguous()
+    out = torch.empty_like(rows)
+    if rows.numel():
+        _launch("fwht_kernel", module, rows.shape[0], size, rows, out, scale=size**-0.5 if normalized else 1.0)
+    return out.reshape(x.shape)
+
+
+def whvi_matvec(x: Tensor, s1: Tensor, g: Tensor, s2: Tensor) -> Tensor:
+    """:func:`pyro_whvi.ops.whvi_matvec`: both transforms and three scalings in one Triton kernel."""
+    module = kernels()
+    shape = torch.broadcast_shapes(x.shape, s1.shape, g.shape, s2.shape)
+    size = shape[-1]
+    if module is None or x.dtype not in _DTYPES or size > module.MAX_FUSED_SIZE:
+        return (s1 * fwht(g * fwht(s2 * x))).contiguous()
+    n_rows = math.prod(shape[:-1])
+    out = torch.empty(shape, dtype=x.dtype, device=x.device)
+    if out.numel():
+        operands = [part for t in (x, s1, g, s2) for part in _rows(t, shape)]
+        _launch("whvi_matvec_kernel", module, n_rows, size, *operands, out, scale=1.0 / size)
+    return out
+
+
+def whvi_matvec_backward(
+    grad: Tensor, x: Tensor, s1: Tensor, g: Tensor, s2: Tensor
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Vector-Jacobian products of :func:`whvi_matvec`: per-row products in one kernel, summed over broadcast rows."""
+    module = kernels()
+    shape = grad.shape
+    size = shape[-1]
+    if module is None or x.dtype not in _DTYPES:
+        return tuple(t.contiguous() for t in reference.whvi_matvec_backward(grad, x, s1, g, s2))  # type: ignore[return-value]
+    if size > module.max_fused_size("whvi_matvec_backward_kernel", x.dtype == torch.float64):
+        u, w = fwht(s2 * x), fwht(s1 * grad)  # the same products, each transform its own kernel
+        z = fwht(g * w)
+        products = [s2 * z, grad * fwht(g * u), w * u, x * z]
+        return tuple(reference._sum_to_shape(p, t.shape).contiguous() for p, t in zip(products, (x, s1, g, s2)))  # type: ignore[return-value]
+    n_rows = math.prod(shape[:-1])
+    products = [torch.empty(shape, dtype=x.dtype, device=x.device) for _ in range(4)]
+    if grad.numel():
+        operands = [part for t in (x, s1, g, s2) for part in _rows(t, shape)]
+        _launch(
+            "whvi_matvec_backward_kernel", module, n_rows, size, grad.contiguous(), *operands, *products,
+            scale=1.0 / size,
+        )  # fmt: skip
+    grads = [
+        reference._sum_to_shape(product, like.shape).contiguous() for product, like in zip(products, (x, s1, g, s2))
+    ]
+    return grads[0], grads[1], grads[2], grads[3]
+
+
+def register(library: torch.library.Library) -> None:
+    """Make the Triton launchers the ``CUDA`` kernels of ``library``'s operators (imports nothing yet)."""
+    library.impl("fwht", fwht, "CUDA")
+    library.impl("whvi_matvec", whvi_matvec, "CUDA")
+    library.impl("whvi_matvec_backward", whvi_matvec_backward, "CUDA")
+
+
+def resource_usage(kernel_name: str, size: int, dtype: torch.dtype, arch: int = 90) -> dict[str, int]:
+    """Registers per thread and spill bytes of a kernel compiled ahead of time for ``sm_<arch>`` (no GPU needed).
+
+    Compiles with ``triton.compile`` for a CUDA target and reads ``ptxas -v`` (the assembler Triton ships).
+
+    :returns: ``{"registers": ..., "spill_bytes": ..., "warps": ...}``.
+    """
+    import os
+    import re
+    import subprocess
+    import tempfile
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    module = kernels()
+    if module is None:
+        raise RuntimeError("resource_usage needs Triton: pip install triton.")
+    element = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.float64: "fp64"}[dtype]
+    function = getattr(module, kernel_name)
+    constants = {
+        "ROWS": module.rows_per_program(size, dtype == torch.float64),
+        "D": size,
+        "LOG_D": size.bit_length() - 1,
+        "COMPUTE": _compute_type(dtype),
+    }
+
+    def kind(name: str) -> str:
+        scalars = {"n_rows": "i32", "scale": "fp32", **dict.fromkeys(constants, "constexpr")}
+        if name in scalars:
+            return scalars[name]
+        return "*i64" if name.endswith("_rows") else f"*{element}"  # row-offset tables, else data
+
+    signature = {name: kind(name) for name in function.arg_names}
+    warps = module.num_warps(kernel_name, size)
+    source = ASTSource(fn=function, signature=signature, constexprs=constants)
+    compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32), options={"num_warps": warps})
+    binaries = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+    assembler = binaries / "ptxas-blackwell" if (binaries / "ptxas-blackwell").exists() else binaries / "ptxas"
+    with tempfile.TemporaryDirectory() as folder:
+        ptx = Path(folder) / "kernel.ptx"
+        ptx.write_text(compiled.asm["ptx"])
+        target = f"sm_{arch}a" if arch >= 90 else f"sm_{arch}"
+        report = subprocess.run(
+            [str(assembler), f"-arch={target}", "-v", str(ptx), "-o", os.devnull], capture_output=True, text=True
+        )
+    used = re.search(r"Used (\d+) registers", report.stderr)
+    if report.returncode or used is None:
+        raise RuntimeError(f"ptxas failed on {kernel_name} (D={size}, {dtype}, sm_{arch}): {report.stderr[-500:]}")
+    spills = sum(int(count) for count in re.findall(r"(\d+) bytes spill", report.stderr))
+    return {"registers": int(used.group(1)), "spill_bytes": spills, "warps": warps}
