@@ -3,19 +3,55 @@
 from __future__ import annotations
 
 import csv
+import io
 import json
+import os
+import secrets
+import tempfile
 from pathlib import Path
 from typing import Any
 
-__all__ = ["save_tables"]
+__all__ = ["check_writable", "save_tables", "write_atomic"]
+
+
+def write_atomic(path: Path, data: str | bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file in the same folder and :func:`os.replace`, so
+    that a reader, or an interrupted run, sees the old file or the new one, never a part of it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    try:
+        with open(temporary, "xb") as handle:  # "x": a fresh file with the usual permissions (umask)
+            handle.write(data.encode() if isinstance(data, str) else data)
+            handle.flush()
+            os.fsync(handle.fileno())  # the data on disk before the rename: no empty file after a crash
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+
+
+def check_writable(out: Path) -> None:
+    """Create the folder ``out`` if needed and check that files can be written in it.
+
+    :raises OSError: naming ``out`` and the reason.
+    """
+    try:
+        if out.exists() and not out.is_dir():
+            raise NotADirectoryError("it exists and is not a folder")
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out):
+            pass
+    except OSError as error:
+        raise OSError(f"cannot write results to {out}: {error.strerror or error}") from None
 
 
 def save_tables(out: Path, stem: str, meta: dict[str, Any], rows: list[dict[str, Any]], text: str) -> None:
-    """Write ``stem.json`` (meta and rows), ``stem.csv`` (rows) and ``stem.md`` (``text``) to ``out``."""
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{stem}.json").write_text(json.dumps({"meta": meta, "results": rows}, indent=2))
-    with open(out / f"{stem}.csv", "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    (out / f"{stem}.md").write_text(text + "\n")
+    """Write ``stem.json`` (meta and rows), ``stem.csv`` (rows) and ``stem.md`` (``text``) to ``out``,
+    each atomically (:func:`write_atomic`)."""
+    write_atomic(out / f"{stem}.json", json.dumps({"meta": meta, "results": rows}, indent=2))
+    table = io.StringIO(newline="")
+    writer = csv.DictWriter(table, fieldnames=list(rows[0]))
+    writer.writeheader()
+    writer.writerows(rows)
+    write_atomic(out / f"{stem}.csv", table.getvalue())
+    write_atomic(out / f"{stem}.md", text + "\n")

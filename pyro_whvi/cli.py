@@ -5,18 +5,30 @@
     whvi gp [--quick] [--functions ...] [--methods rf,rf-whvi,svgp-gpytorch,svgp-gpflow] [--out DIR]
     whvi bench [fwht,svi,vsd,gp] [--quick] [--out DIR]
 
-Bad arguments get a one-line error (exit status 2), not a traceback.
+Bad arguments and bad data get a one-line error (exit status 2), not a traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
+import os
 import sys
+import warnings
 from pathlib import Path
+from typing import NoReturn
 
 from .demo import METHODS, DemoConfig, run_demo
 
 __all__ = ["main"]
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line, ``whvi uci: error: ...`` (exit status 2), without the
+    usage block (``--help`` shows it)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {' '.join(message.splitlines())}\n")
 
 
 def _positive(text: str) -> int:
@@ -38,7 +50,7 @@ def _methods(text: str) -> tuple[str, ...]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="whvi", description="pyro_whvi: structured variational inference.")
+    parser = _Parser(prog="whvi", description="pyro_whvi: structured variational inference.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     demo = commands.add_parser(
         "demo",
@@ -118,7 +130,7 @@ def _positive_float(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not value > 0:
+    if not 0 < value < math.inf:
         raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
     return value
 
@@ -191,16 +203,23 @@ def _add_uci(commands) -> None:
     uci.set_defaults(subparser=uci)
 
 
+def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    from tqdm.auto import tqdm
+
+    tqdm.write(f"whvi uci: warning: {' '.join(str(message).splitlines())}", file=sys.stderr)
+
+
 def _uci(args: argparse.Namespace) -> int:
     import torch
 
+    from ._results import check_writable
     from .methods import Schedule
-    from .uci import UCIConfig, check_source, run_uci
+    from .uci import UCIConfig, check_source, dataset_name, run_uci
 
     source = args.data_dir if args.data_dir is not None else (args.dataset or "diabetes")
-    if args.out.exists() and not args.out.is_dir():
-        args.subparser.error(f"--out {args.out} exists and is not a folder")
     try:
+        if args.threads and args.threads > (os.cpu_count() or 1):
+            raise ValueError(f"--threads: at most {os.cpu_count()} (the cores here) expected, got {args.threads}")
         if args.dropout >= 1:
             raise ValueError(f"--dropout must be below 1, got {args.dropout}")
         config = UCIConfig(
@@ -221,13 +240,16 @@ def _uci(args: argparse.Namespace) -> int:
             seed=args.seed,
         )
         check_source(source, config.splits)
-    except (ValueError, FileNotFoundError) as error:
+        check_writable(args.out)
+    except (ValueError, OSError) as error:
         args.subparser.error(str(error))
     if args.threads:
         torch.set_num_threads(args.threads)
-    _, text = run_uci(source, config, args.out)
+    with warnings.catch_warnings():
+        warnings.showwarning = _one_line_warning
+        _, text = run_uci(source, config, args.out)
     print("\n" + text)
-    print(f"\nwrote {args.out}/uci_{Path(str(source)).name}.{{json,csv,md}}")
+    print(f"\nwrote {args.out}/uci_{dataset_name(source)}.{{json,csv,md}}")
     return 0
 
 
@@ -262,6 +284,13 @@ def _gp(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .ops import BackendEnvironmentError, get_backend
+
+    try:
+        get_backend()  # a bad $PYRO_WHVI_BACKEND is reported here, in one line, before anything runs
+    except BackendEnvironmentError as error:
+        print(f"whvi: {error}", file=sys.stderr)
+        return 2
     args = _parser().parse_args(argv)
     if args.command == "gp":
         return _gp(args)

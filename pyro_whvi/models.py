@@ -24,10 +24,17 @@ def _bayesian_layer(layer: nn.Linear | nn.Conv2d, fan_in: int, prior_scale: floa
     """Turn an ``nn.Linear``/``nn.Conv2d`` into a ``PyroModule`` with ``N(0, prior_scale^2 / fan_in)`` weights."""
     weight_shape, bias_shape = list(layer.weight.shape), [layer.weight.shape[0]]
     pyro.nn.module.to_pyro_module_(layer)
-    weight_prior = dist.Normal(0.0, prior_scale / math.sqrt(fan_in)).expand(weight_shape).to_event(len(weight_shape))
-    setattr(layer, "weight", PyroSample(weight_prior))  # noqa: B010 (PyroSample is not a Tensor for mypy)
-    setattr(layer, "bias", PyroSample(dist.Normal(0.0, prior_scale).expand(bias_shape).to_event(1)))  # noqa: B010
+    # The priors' scales are (non-persistent) buffers, so the priors follow the module's .to(device/dtype).
+    layer.register_buffer("weight_prior_scale", torch.tensor(prior_scale / math.sqrt(fan_in)), persistent=False)
+    layer.register_buffer("bias_prior_scale", torch.tensor(float(prior_scale)), persistent=False)
+    setattr(layer, "weight", PyroSample(lambda m: _centered_normal(m.weight_prior_scale, weight_shape)))  # noqa: B010
+    setattr(layer, "bias", PyroSample(lambda m: _centered_normal(m.bias_prior_scale, bias_shape)))  # noqa: B010
     return layer
+
+
+def _centered_normal(scale: Tensor, shape: list[int]):
+    """``N(0, scale^2)`` over a whole weight (one event), on ``scale``'s device and dtype."""
+    return dist.Normal(torch.zeros_like(scale), scale).expand(shape).to_event(len(shape))
 
 
 def _observe(f: Tensor, y: Tensor | None, likelihood: str, noise_scale, num_data: int | None) -> None:
@@ -36,7 +43,7 @@ def _observe(f: Tensor, y: Tensor | None, likelihood: str, noise_scale, num_data
     if num_data is not None and num_data < batch:
         raise ValueError(f"num_data={num_data} is smaller than the batch ({batch} examples).")
     subsample = torch.arange(batch, device=f.device) if num_data is not None else None
-    with pyro.plate("data", num_data or batch, subsample=subsample):
+    with pyro.plate("data", num_data or batch, subsample=subsample, device=str(f.device)):
         if likelihood == "categorical":
             pyro.sample("obs", dist.Categorical(logits=f), obs=y)
         else:

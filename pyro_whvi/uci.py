@@ -7,8 +7,9 @@ index seeds their random 90/10 or 70/30 split). Inputs are standardized with tra
 regression targets are standardized for training and the metrics reported in the original units.
 
 Each (method, split) is trained with :func:`pyro_whvi.methods.fit` and written to
-``<out>/runs/<dataset>/<method>/split<k>.json`` with a fingerprint of the settings; a rerun with the
-same settings reads finished splits instead of training them again. The summary (mean and standard
+``<out>/runs/<dataset>/<method>/split<k>.json`` with a fingerprint of the settings and of the data (the
+folder's resolved path and a hash of the files the split is read from); a rerun with the same settings
+on the same data reads finished splits instead of training them again. The summary (mean and standard
 error over splits) goes to ``<out>/uci_<dataset>.{json,csv,md}``.
 
 Metrics (Monte-Carlo predictive with ``samples`` posterior draws): regression — test RMSE and MNLL
@@ -23,9 +24,11 @@ References:
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import math
 import time
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,9 +38,9 @@ import torch
 from tqdm.auto import tqdm
 
 from ._plots import draw_reliability
-from ._results import save_tables
+from ._results import check_writable, save_tables, write_atomic
 from .data import gaussian_mnll, load_breast_cancer_split, load_diabetes_split, load_digits_split, load_uci_split, rmse
-from .data.uci import num_uci_splits
+from .data.uci import num_uci_splits, uci_split_files
 from .methods import MethodSpec, Schedule, build_method, fit, parse_method, predictive_samples
 from .metrics import (
     categorical_nll,
@@ -48,9 +51,19 @@ from .metrics import (
     reliability_diagram,
 )
 
-__all__ = ["BUNDLED_DATASETS", "UCIConfig", "UCIData", "load_dataset_split", "parse_splits", "run_uci", "summarize"]
+__all__ = [
+    "BUNDLED_DATASETS",
+    "UCIConfig",
+    "UCIData",
+    "data_key",
+    "load_dataset_split",
+    "parse_splits",
+    "run_uci",
+    "summarize",
+]
 
 BUNDLED_DATASETS = ("diabetes", "breast_cancer", "digits")
+MAX_SPLITS = 1000  # more in one --splits is a typo (0-100000000), not a plan
 REGRESSION_METRICS = ("rmse", "mnll")
 # Bumped when a method's construction changes, so that its stored splits are trained again.
 _VERSIONS = {name: 2 for name in ("whvi", "nf-whvi", "whvi+iblm", "nf-whvi+iblm")}
@@ -96,42 +109,72 @@ class UCIConfig:
             raise ValueError("UCIConfig: hidden >= 1, layers >= 0, samples >= 2 and noise_scale > 0 expected.")
         if not 0.0 < self.dropout < 1.0 or self.flows < 1 or self.reflections < 0:
             raise ValueError("UCIConfig: dropout in (0, 1), flows >= 1 and reflections >= 0 expected.")
+        if not 0 <= self.seed + max(self.splits) < 2**32:  # each split is seeded with seed + split
+            raise ValueError(f"UCIConfig: seed + split must be in [0, 2**32) (numpy's seeds), got seed {self.seed}.")
 
-    def fingerprint(self, method: str) -> str:
-        """A short hash of everything that changes the result of ``method`` on one split."""
+    def fingerprint(self, method: str, data: str = "") -> str:
+        """A short hash of everything that changes the result of ``method`` on one split: the settings
+        and ``data``, a key of the split's data (:func:`data_key`)."""
         settings = {k: v for k, v in asdict(self).items() if k not in ("methods", "splits", "progress")}
         text = json.dumps(
-            {"method": method, **settings, "version": _VERSIONS.get(method, 1)}, sort_keys=True, default=str
+            {"method": method, **settings, "version": _VERSIONS.get(method, 1), "data": data},
+            sort_keys=True,
+            default=str,
         )
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def parse_splits(text: str) -> tuple[int, ...]:
-    """``"0-4"`` -> (0, 1, 2, 3, 4); ``"0,2,5"`` -> (0, 2, 5); a ``ValueError`` for anything else."""
+    """``"0-4"`` -> (0, 1, 2, 3, 4); ``"0,2,5"`` -> (0, 2, 5); a ``ValueError`` for anything else,
+    a range that runs backwards included, or more than :data:`MAX_SPLITS` splits."""
     splits: list[int] = []
-    try:
-        for part in text.split(","):
-            first, _, last = part.strip().partition("-")
-            splits.extend(range(int(first), int(last or first) + 1))
-    except ValueError:
-        raise ValueError(f"splits must look like '0-4' or '0,2,5', got {text!r}") from None
-    if not splits or min(splits) < 0:
-        raise ValueError(f"splits must look like '0-4' or '0,2,5' (non-negative), got {text!r}")
+    for part in text.split(","):
+        first, _, last = part.strip().partition("-")
+        try:
+            start, stop = int(first), int(last or first) + 1
+        except ValueError:
+            start = stop = -1
+        if not 0 <= start < stop:
+            raise ValueError(f"splits must look like '0-4' or '0,2,5' (non-negative, ranges upwards), got {text!r}")
+        if len(splits) + stop - start > MAX_SPLITS:
+            raise ValueError(f"at most {MAX_SPLITS} splits expected, got {text!r}")
+        splits.extend(range(start, stop))
     return tuple(dict.fromkeys(splits))
 
 
+def _bundled(source: str | Path) -> bool:
+    return isinstance(source, str) and source in BUNDLED_DATASETS
+
+
 def dataset_name(source: str | Path) -> str:
-    return source if isinstance(source, str) and source in BUNDLED_DATASETS else Path(source).name
+    """The name results are filed under: the bundled set's, or the folder's (``.`` named after itself)."""
+    return str(source) if _bundled(source) else Path(source).resolve().name
+
+
+def data_key(source: str | Path, split: int) -> str:
+    """What identifies split ``split``'s data: the bundled set's name, or the folder's resolved path and
+    a hash of the files the split is read from, so that an edited or another folder is not mistaken for it."""
+    if _bundled(source):
+        return str(source)
+    digest = hashlib.sha256()
+    for file in uci_split_files(source, split):
+        digest.update(file.name.encode() + b"\0" + file.read_bytes())
+    return f"{Path(source).resolve()}:{digest.hexdigest()}"
 
 
 def check_source(source: str | Path, splits: tuple[int, ...]) -> None:
-    """A ``ValueError``/``FileNotFoundError`` naming the problem when ``source`` cannot provide ``splits``."""
-    if isinstance(source, str) and source in BUNDLED_DATASETS:
+    """A ``ValueError``/``FileNotFoundError`` naming the problem when ``source`` cannot provide ``splits``:
+    every requested split of a folder is loaded and validated (:func:`~pyro_whvi.data.load_uci_split`)."""
+    if _bundled(source):
         return
     available = num_uci_splits(source)  # raises for a missing directory or files
     missing = [k for k in splits if k >= available]
     if missing:
-        raise ValueError(f"{source} has splits 0-{available - 1}; asked for {missing}")
+        listed = ", ".join(map(str, missing[:5])) + (", ..." if len(missing) > 5 else "")
+        has = f"splits 0-{available - 1}" if available else "no index_train_<k>.txt"
+        raise ValueError(f"{source} has {has}; asked for {listed}")
+    for split in splits:
+        load_uci_split(source, split)
 
 
 def load_dataset_split(source: str | Path, split: int) -> UCIData:
@@ -239,26 +282,46 @@ def _table(name: str, summary: list[dict[str, Any]], config: UCIConfig) -> str:
     return "\n".join(lines)
 
 
+def _read_saved(path: Path) -> dict[str, Any]:
+    """A stored split result, or ``{}`` if there is none; an unreadable one (empty, truncated) is named
+    in a warning and treated as missing."""
+    if not path.exists():
+        return {}
+    try:
+        text = path.read_text()
+        if not text.strip():
+            raise ValueError("empty file")
+        saved = json.loads(text)
+        if not isinstance(saved, dict) or not isinstance(saved.get("row"), dict):
+            raise ValueError("no result row")
+    except (OSError, ValueError) as error:
+        warnings.warn(f"{path} is unreadable ({error}); training that split again", stacklevel=3)
+        return {}
+    return saved
+
+
 def run_uci(source: str | Path, config: UCIConfig, out: Path) -> tuple[list[dict[str, Any]], str]:
     """Run every (method, split) of ``config`` not already finished in ``out``; write and return the summary.
 
     :param source: a UCI-format directory or a name in :data:`BUNDLED_DATASETS`.
     :returns: the summary rows and the markdown table.
+    :raises OSError: before any training, if ``out`` is not a folder that can be written to.
     """
     check_source(source, config.splits)
+    check_writable(out)
     name = dataset_name(source)
     rows: list[dict[str, Any]] = []
     reliability: dict[str, list] = {}
+    keys = {split: data_key(source, split) for split in config.splits}
     jobs = [(method, split) for method in config.methods for split in config.splits]
     for method, split in tqdm(jobs, desc=name, disable=not config.progress):
         path = out / "runs" / name / method / f"split{split}.json"
-        fingerprint = config.fingerprint(method)
-        saved = json.loads(path.read_text()) if path.exists() else {}
+        fingerprint = config.fingerprint(method, keys[split])
+        saved = _read_saved(path)
         if saved.get("fingerprint") != fingerprint:
             row, extra = run_split(source, parse_method(method), split, config)
             saved = {"fingerprint": fingerprint, "row": row, **extra}
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(saved, indent=2))
+            write_atomic(path, json.dumps(saved, indent=2))
         rows.append(saved["row"])
         if "reliability" in saved:
             reliability.setdefault(method, []).append(saved["reliability"])
@@ -289,5 +352,7 @@ def _plot_reliability(path: Path, reliability: dict[str, list]) -> None:
         accuracy = (bins[:, 1] * bins[:, 2]).sum(0) / pooled
         draw_reliability(ax, confidence, accuracy, count, f"{method} ({len(splits)} splits)")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    image = io.BytesIO()
+    fig.savefig(image, format="png", dpi=110)
     plt.close(fig)
+    write_atomic(path, image.getvalue())

@@ -91,7 +91,7 @@ def test_env_var_forcing_compiled_raises_when_unavailable(tmp_path):
 
 
 def test_bad_env_var_is_reported():
-    result = run_python("import pyro_whvi", PYRO_WHVI_BACKEND="cuda-please")
+    result = run_python("import torch, pyro_whvi; pyro_whvi.ops.fwht(torch.ones(2))", PYRO_WHVI_BACKEND="cuda-please")
     assert result.returncode != 0
     assert "$PYRO_WHVI_BACKEND: unknown backend 'cuda-please'" in result.stderr
 

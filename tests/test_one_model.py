@@ -143,9 +143,11 @@ def test_the_paper_preset_makes_the_last_layer_mean_field():
     guide(x, torch.randn(6, 3))
     assert sorted(guide.whvi_layouts) == ["layers.0.bias", "layers.0.weight"]
     # Regression, one output: the 1 x 8 output weight and its bias are mean-field, the hidden weight is not.
+    pyro.clear_param_store()  # each guide its own parameters (same names, other shapes)
     guide = AutoWHVIGuide(BayesianMLP([4, 8, 8, 1]), mean_field_last_layer=True)
     guide(x, y)
     assert sorted(guide.whvi_layouts) == ["layers.0.weight", "layers.1.weight"]
+    pyro.clear_param_store()
     guide = AutoWHVIGuide(BayesianMLP([4, 8, 8, 1]), preset="paper")
     guide(x, y)
     assert sorted(guide.whvi_layouts) == ["layers.0.bias", "layers.0.weight", "layers.1.bias", "layers.1.weight"]

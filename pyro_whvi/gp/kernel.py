@@ -21,6 +21,7 @@ from gpytorch.models import exact_prediction_strategies
 from linear_operator.operators import LowRankRootLinearOperator, MatmulLinearOperator, RootLinearOperator
 from torch import Tensor
 
+from ..ops._checks import check_finite
 from .features import PROJECTIONS, default_block_size, draw_projection, fourier_features, project
 
 __all__ = ["RandomFeatureKernel"]
@@ -159,6 +160,9 @@ class RandomFeatureKernel(Kernel):
         return project(self.projection, eye / self.lengthscale, self.projection_buffers(), self.num_samples)
 
     def _angles(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        # A NaN input would reach every parameter through the gradient of one step: refuse it here,
+        # where the model's, the kernel's and the regressor's paths all pass.
+        check_finite(type(self).__name__, "x (the inputs)", x)
         if not self.projection_buffers():
             self._draw(x.shape[-1])
         elif self.num_dims is not None and x.shape[-1] != self.num_dims:

@@ -20,12 +20,12 @@ from pyro import poutine
 from pyro.distributions import constraints
 from pyro.distributions.util import sum_rightmost
 from pyro.infer.autoguide import AutoGuide
-from pyro.infer.autoguide.utils import deep_setattr, helpful_support_errors
+from pyro.infer.autoguide.utils import helpful_support_errors
 from pyro.nn import PyroModule, PyroParam
 from pyro.ops.tensor_utils import periodic_repeat
 from torch.distributions import biject_to
 
-from ._guide_utils import deep_getattr, normal_quantiles, prior_stddev
+from ._guide_utils import deep_getattr, deep_set_param, normal_quantiles, prior_stddev
 from .lazy_weight import check_example_dim
 from .model import ModelTransform, SiteFilter, select_sites
 
@@ -158,9 +158,9 @@ class StructuredAutoGuide(AutoGuide):
             full_size = frame.full_size or frame.size
             if full_size != frame.size:
                 init_loc = periodic_repeat(init_loc, full_size, frame.dim - event_dim).contiguous()
-        deep_setattr(self.locs, name, PyroParam(init_loc, constraints.real, event_dim))
+        deep_set_param(self.locs, name, PyroParam(init_loc, constraints.real, event_dim))
         init_scale = torch.full_like(init_loc, self._init_scale) * prior_stddev(site["fn"], init_loc)
-        deep_setattr(self.scales, name, PyroParam(init_scale, self.scale_constraint, event_dim))
+        deep_set_param(self.scales, name, PyroParam(init_scale, self.scale_constraint, event_dim))
 
     def _sample_mean_field(self, name: str, site: dict, plates: dict) -> torch.Tensor:
         transform = biject_to(site["fn"].support)

@@ -4,16 +4,20 @@ from __future__ import annotations
 
 from operator import attrgetter
 
+import pyro
 import pyro.distributions as dist
 import torch
 from pyro.distributions import constraints
+from pyro.infer.autoguide.utils import deep_setattr
 from pyro.nn import PyroModule, PyroParam
 from torch import nn
+from torch.distributions import transform_to
 
 from ..distributions.whvi_matrix import base_distribution, has_real_support
 
 __all__ = [
     "deep_getattr",
+    "deep_set_param",
     "empirical_quantiles",
     "has_deep_attr",
     "like_tensor",
@@ -35,6 +39,39 @@ def has_deep_attr(obj, name: str) -> bool:
     except AttributeError:
         return False
     return True
+
+
+def deep_set_param(container: PyroModule, name: str, value: PyroParam | nn.Module) -> None:
+    """``deep_setattr(container, name, value)`` for a guide's new ``PyroParam`` (or module of them), refusing
+    a param-store entry of another shape under the same name.
+
+    Pyro hands a ``PyroParam`` the store's value whenever its name is there, so a second guide of the
+    same class, built for a model of another shape without :func:`pyro.clear_param_store`, would read
+    the first one's tensors and fail later on a shape (Pyro's ``AutoNormal`` does, with "Model and
+    guide shapes disagree"). Entries of the same shape, e.g. from a loaded param store, are used as Pyro uses them.
+    """
+    if isinstance(value, PyroParam) and isinstance(value.init_value, torch.Tensor):
+        _refuse_stale(f"{container._pyro_name}.{name}", value.init_value.shape)
+    deep_setattr(container, name, value)
+    if isinstance(value, PyroModule):  # its parameters are read from the store only when first accessed
+        for submodule in value.modules():
+            if isinstance(submodule, PyroModule):
+                for attr, (constraint, _) in submodule._pyro_params.items():
+                    own = transform_to(constraint)(submodule._parameters[attr + "_unconstrained"])
+                    _refuse_stale(submodule._pyro_get_fullname(attr), own.shape)
+
+
+def _refuse_stale(fullname: str, shape: torch.Size) -> None:
+    store = pyro.get_param_store()
+    if pyro.settings.get("module_local_params") or fullname not in store:  # module-local: the store is not read
+        return
+    stored = store[fullname].shape
+    if stored != shape:
+        raise ValueError(
+            f"The param store already holds {fullname!r} with shape {tuple(stored)}, left by an earlier guide of "
+            f"the same class; this guide's has shape {tuple(shape)}. Call pyro.clear_param_store() before "
+            "building a guide for another model."
+        )
 
 
 def like_tensor(fn) -> torch.Tensor:

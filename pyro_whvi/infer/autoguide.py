@@ -30,7 +30,6 @@ import torch
 from pyro.distributions import constraints
 from pyro.distributions.transforms import Planar
 from pyro.infer.autoguide import init_to_sample
-from pyro.infer.autoguide.utils import deep_setattr
 from pyro.nn import PyroModule, PyroParam
 from torch import nn
 
@@ -38,6 +37,7 @@ from ..distributions import PlanarFlowNormal, WHVILayout, WHVIMatrix, WHVINormal
 from ._base import StructuredAutoGuide
 from ._guide_utils import (
     deep_getattr,
+    deep_set_param,
     empirical_quantiles,
     has_deep_attr,
     marginal_std,
@@ -71,8 +71,8 @@ class _GuideOwnedReparam(WHVIReparam):
         guide = self._guide[0]
         if not has_deep_attr(guide.whvi_s1, name):
             s1, s2 = init_whvi_scales(layout, self.prior_variance, like)
-            deep_setattr(guide.whvi_s1, name, PyroParam(s1, constraints.real, event_dim=2))
-            deep_setattr(guide.whvi_s2, name, PyroParam(s2, constraints.real, event_dim=2))
+            deep_set_param(guide.whvi_s1, name, PyroParam(s1, constraints.real, event_dim=2))
+            deep_set_param(guide.whvi_s2, name, PyroParam(s2, constraints.real, event_dim=2))
         # Inside the guide's context the access goes through pyro.param, so the model trace records
         # s1 and s2 and SVI optimizes them (outside it, PyroModule would return a bare tensor).
         with guide._pyro_context:
@@ -229,20 +229,20 @@ class AutoWHVIGuide(StructuredAutoGuide):
         root_lambda = self.prior_variance**0.5
         sigma = self._init_scale * root_lambda
         loc = root_lambda * torch.randn(tuple(layout.block_shape), dtype=like.dtype, device=like.device)
-        deep_setattr(self.locs, name, PyroParam(loc, constraints.real, event_dim=2))
+        deep_set_param(self.locs, name, PyroParam(loc, constraints.real, event_dim=2))
         if self.covariance == "full":
             tril = sigma * torch.eye(block_size, dtype=like.dtype, device=like.device).expand(num_blocks, -1, -1)
-            deep_setattr(self.scale_trils, name, PyroParam(tril.clone(), constraints.lower_cholesky, event_dim=3))
+            deep_set_param(self.scale_trils, name, PyroParam(tril.clone(), constraints.lower_cholesky, event_dim=3))
             return
-        deep_setattr(self.scales, name, PyroParam(torch.full_like(loc, sigma), self.scale_constraint, event_dim=2))
+        deep_set_param(self.scales, name, PyroParam(torch.full_like(loc, sigma), self.scale_constraint, event_dim=2))
         if self.covariance == "lowrank":
             rank = self.rank or math.ceil(block_size**0.5)
             factor = 0.1 * sigma * torch.randn(num_blocks, block_size, rank, dtype=like.dtype, device=like.device)
-            deep_setattr(self.cov_factors, name, PyroParam(factor, constraints.real, event_dim=3))
+            deep_set_param(self.cov_factors, name, PyroParam(factor, constraints.real, event_dim=3))
         if self.num_flows:
             chain = [PyroModule[Planar](layout.num_latent) for _ in range(self.num_flows)]  # type: ignore[arg-type]
             planars = PyroModule[nn.ModuleList](chain)  # type: ignore[arg-type]
-            deep_setattr(self.flows, name, pyro_params_(planars.to(dtype=like.dtype, device=like.device)))
+            deep_set_param(self.flows, name, pyro_params_(planars.to(dtype=like.dtype, device=like.device)))
 
     # -- distributions ---------------------------------------------------------------------------
 

@@ -29,14 +29,13 @@ import pyro.distributions as dist
 import torch
 from pyro.distributions import constraints
 from pyro.infer.autoguide import init_to_sample
-from pyro.infer.autoguide.utils import deep_setattr
 from pyro.nn import PyroModule, PyroParam
 from torch import Tensor, nn
 
 from ..distributions.empirical_bayes import vsd_hierarchical_kl, vsd_kl
 from ..distributions.householder import StructuredDropoutNoise
 from ._base import StructuredAutoGuide
-from ._guide_utils import deep_getattr, empirical_quantiles, like_tensor, normal_quantiles, pyro_params_
+from ._guide_utils import deep_getattr, deep_set_param, empirical_quantiles, like_tensor, normal_quantiles, pyro_params_
 from .lazy_weight import local_reparameterization_enabled, scale_along
 from .model import GUIDE_KEY, SiteFilter
 from .vsd import (
@@ -214,16 +213,16 @@ class AutoVSDGuide(StructuredAutoGuide):
 
     def _init_vsd(self, name: str, theta: Tensor) -> None:
         size = self._sites[name].num_noise
-        deep_setattr(self.vsd_theta, name, PyroParam(theta.clone(), constraints.real, event_dim=theta.dim()))
+        deep_set_param(self.vsd_theta, name, PyroParam(theta.clone(), constraints.real, event_dim=theta.dim()))
         alpha = theta.new_full((size,), self.init_alpha)
-        deep_setattr(self.vsd_alpha, name, PyroParam(alpha, constraints.positive, event_dim=1))
+        deep_set_param(self.vsd_alpha, name, PyroParam(alpha, constraints.positive, event_dim=1))
         vectors = HouseholderVectors(size, self.reflections, self.hidden_rank, theta)
         pyro.nn.module.to_pyro_module_(vectors)  # its parameters become PyroParams of the guide
-        deep_setattr(self.vsd_householder, name, pyro_params_(vectors))
+        deep_set_param(self.vsd_householder, name, pyro_params_(vectors))
         if self.hierarchical:
-            deep_setattr(self.vsd_z_loc, name, PyroParam(theta.new_zeros(size), constraints.real, event_dim=1))
+            deep_set_param(self.vsd_z_loc, name, PyroParam(theta.new_zeros(size), constraints.real, event_dim=1))
             scale = theta.new_full((size,), 0.1)
-            deep_setattr(self.vsd_z_scale, name, PyroParam(scale, self.scale_constraint, event_dim=1))
+            deep_set_param(self.vsd_z_scale, name, PyroParam(scale, self.scale_constraint, event_dim=1))
 
     # -- distributions ---------------------------------------------------------------------------
 

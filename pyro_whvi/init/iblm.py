@@ -50,6 +50,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Iterator
 
+import pyro
 import pyro.distributions as dist
 import torch
 from pyro import poutine
@@ -57,6 +58,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from ..distributions.whvi_matrix import base_distribution
+from ..ops._checks import check_finite
 from .assign import LayerGaussian, assign_layer, check_guide
 from .batches import BatchStream
 from .blm import blm_posterior, dirichlet_label_transform, evidence_hyperparameters
@@ -93,7 +95,15 @@ def _normal_prior(fn, shape: torch.Size, site: str, prior_variance: float | str,
 def _targets(likelihood: Likelihood, y: Tensor, alpha: float, like: Tensor) -> tuple[Tensor, Tensor | None]:
     """``(N, k)`` regression targets, and ``(N, k)`` noise variances for classification (else ``None``)."""
     if likelihood.kind == "categorical":
-        targets, noise = dirichlet_label_transform(y, likelihood.outputs, alpha)
+        classes = likelihood.outputs
+        if y.dim() == 2 and y.shape[-1] == 1:  # (N, 1) class indices
+            y = y.squeeze(-1)
+        if y.dim() != 1 and tuple(y.shape[1:]) != (classes,):
+            raise ValueError(
+                f"iblm_: the labels y of site {likelihood.site!r} must be (N,) or (N, 1) class indices or "
+                f"(N, {classes}) one-hot rows, got shape {tuple(y.shape)}."
+            )
+        targets, noise = dirichlet_label_transform(y, classes, alpha)
         return targets.to(like), noise.to(like)
     return y.reshape(y.shape[0], -1).to(like), None
 
@@ -120,6 +130,31 @@ def _hyperparameters(inputs, targets, noise, prior_loc, prior_var, settings, hid
         inputs[units], targets[units] - offset, prior_var[units], fixed, factors
     )
     return (float(best_noise) if noise is None else None), float(factor)
+
+
+def _snapshot(guide) -> list[tuple[str, Tensor, Tensor]]:
+    """``(name, tensor, copy)`` of every tensor ``iblm_`` may write: the guide's parameters and their
+    param-store entries (``set_param`` writes both when they are distinct tensors)."""
+    tensors = dict(guide.named_parameters())
+    prefix = guide._pyro_name + "."
+    tensors.update((name, t) for name, t in pyro.get_param_store().named_parameters() if name.startswith(prefix))
+    return [(name, t, t.detach().clone()) for name, t in tensors.items()]
+
+
+@torch.no_grad()
+def _restore(snapshot: list[tuple[str, Tensor, Tensor]]) -> None:
+    for _, tensor, saved in snapshot:
+        tensor.copy_(saved)
+
+
+def _check_written(snapshot: list[tuple[str, Tensor, Tensor]], layer: BayesianLayer) -> None:
+    """Refuse NaN or Inf that fitting ``layer`` wrote into a parameter that was finite."""
+    for name, tensor, saved in snapshot:
+        if not torch.isfinite(tensor).all() and torch.isfinite(saved).all():
+            raise ValueError(
+                f"iblm_: the regressions of layer {layer.weight_site!r} gave NaN or Inf for the guide's {name!r}; "
+                "the guide is left as it was. Check the data's scale, or pass noise_variance/prior_variance floats."
+            )
 
 
 def _units(layer: BayesianLayer, chunk: int) -> Iterator[slice]:
@@ -231,13 +266,15 @@ def iblm_(
     r"""Initialize ``guide`` in place with I-BLM, layer by layer; returns the guide.
 
     The model is called as ``model(x, y)`` on minibatches. Use :func:`pyro.set_rng_seed` for
-    reproducible minibatches and draws.
+    reproducible minibatches and draws. On any error (bad data, a non-finite fit) the guide is left
+    as it was.
 
     :param guide: an :class:`~pyro_whvi.AutoWHVIGuide`, :class:`~pyro_whvi.AutoVSDGuide` or Pyro's
         ``AutoNormal`` over a ``PyroModule`` model with ``nn.Linear``/``nn.Conv1d``/``nn.Conv2d`` layers
         whose weights are latent ``PyroSample`` sites and one observed Normal or Categorical site.
     :param data: ``(x, y)`` tensors, or an iterable of ``(x, y)`` batches such as a ``DataLoader``
-        (its batch size is then used; a shorter last batch is skipped).
+        (its batch size is then used; a shorter last batch is skipped); at least 2 examples per batch.
+        Class labels are ``(N,)`` or ``(N, 1)`` indices, or ``(N, k)`` one-hot rows.
     :param batch_size: examples per regression, for tensor data (64–128 suffice, §4.5).
     :param noise_variance: the regression noise variance for Gaussian likelihoods: a float, or
         ``"evidence"`` to maximize the marginal likelihood per layer (App. C).
@@ -269,7 +306,17 @@ def iblm_(
         raise ValueError(f"iblm_: prior_variance must be 'evidence', 'model' or a float > 0, got {prior_variance!r}.")
     if not label_alpha > 0:
         raise ValueError(f"iblm_: label_alpha must be > 0, got {label_alpha!r}.")
+    if isinstance(data, (tuple, list)) and len(data) == 2:
+        for name, value in zip(("x", "y"), data):
+            if isinstance(value, Tensor):
+                check_finite("iblm_", f"the data's {name}", value)
     stream = BatchStream(data, batch_size)
+    if stream.batch_size < 2:
+        raise ValueError(
+            f"iblm_: each regression needs a minibatch of at least 2 examples, got {stream.batch_size} (the rows "
+            "of (x, y), batch_size, or the DataLoader's batch size); with one example the hidden units' "
+            "standardized targets are undefined."
+        )
     x, y = stream.take(1)
     with torch.no_grad():
         if guide.prototype_trace is None:
@@ -291,6 +338,10 @@ def iblm_(
         raise ValueError(
             f"iblm_: hidden_noise_variance must be a float > 0 or 'evidence', got {hidden_noise_variance!r}."
         )
+    # Every layer's targets, checked before anything is written (a DataLoader's later batches at their turn).
+    labels = y if stream.tensors is None else stream.tensors[1]
+    as_double = torch.empty((), dtype=torch.float64, device=labels.device)
+    check_finite("iblm_", "the regression targets from y", _targets(likelihood, labels, label_alpha, as_double)[0])
     settings = {
         "noise": noise_variance,
         "prior": prior_variance,
@@ -300,9 +351,17 @@ def iblm_(
         "hidden_noise": hidden_noise_variance,
     }
     total = sum(layer.out_features for layer in layers)
-    with tqdm(total=total, desc="I-BLM", unit="unit", disable=None if progress is None else not progress) as bar:
-        for index, layer in enumerate(layers):
-            bar.set_postfix_str(layer.weight_site)
-            gaussian = _fit_layer(guide, layer, likelihood, stream, index == len(layers) - 1, settings, bar)
-            assign_layer(guide, layer.weight_site, layer.bias_site, gaussian)
+    # Each layer's inputs are drawn from q with the earlier layers already set, so the layers are written
+    # one by one; any failure (a later DataLoader batch, a non-finite fit, an interrupt) restores them all.
+    snapshot = _snapshot(guide)
+    try:
+        with tqdm(total=total, desc="I-BLM", unit="unit", disable=None if progress is None else not progress) as bar:
+            for index, layer in enumerate(layers):
+                bar.set_postfix_str(layer.weight_site)
+                gaussian = _fit_layer(guide, layer, likelihood, stream, index == len(layers) - 1, settings, bar)
+                assign_layer(guide, layer.weight_site, layer.bias_site, gaussian)
+                _check_written(snapshot, layer)
+    except BaseException:
+        _restore(snapshot)
+        raise
     return guide

@@ -47,7 +47,9 @@ def softplus_inverse(value: Tensor) -> Tensor:
 
 def normal_kl(loc: Tensor, scale: Tensor, prior_scale: float | Tensor) -> Tensor:
     r""":math:`\sum \mathrm{KL}(\mathcal{N}(\mu, \sigma^2) \,\Vert\, \mathcal{N}(0, \sigma_p^2))`, closed form."""
-    prior = Normal(torch.zeros_like(loc), torch.as_tensor(prior_scale, dtype=loc.dtype), validate_args=False)
+    prior = Normal(
+        torch.zeros_like(loc), torch.as_tensor(prior_scale, dtype=loc.dtype, device=loc.device), validate_args=False
+    )
     return _torch_kl(Normal(loc, scale, validate_args=False), prior).sum()
 
 

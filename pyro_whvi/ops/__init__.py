@@ -32,6 +32,7 @@ from . import (
 )
 from ._checks import check_fwht, check_whvi_matvec, has_kernel_layout, next_power_of_two
 from .backends import (
+    BackendEnvironmentError,
     compiled_available,
     get_backend,
     load_compiled,
@@ -50,6 +51,7 @@ from .shapes import (
 from .structured import fastfood, whvi_design
 
 __all__ = [
+    "BackendEnvironmentError",
     "WHVIDimensions",
     "compiled_available",
     "fastfood",
@@ -88,15 +90,21 @@ def fwht(x: Tensor, normalized: bool = True) -> Tensor:
     :param normalized: whether to scale by :math:`D^{-1/2}`.
     :returns: a new contiguous tensor of the same shape and dtype.
     :raises ValueError: if ``D`` is not a power of two.
-    :raises TypeError: for integer, boolean or complex inputs.
+    :raises TypeError: for integer, boolean, complex or sparse inputs, or a ``normalized`` that is not a bool.
 
     References:
         WHVI paper (Rossi et al., NeurIPS 2020), §2.1.
     """
-    check_fwht(x)
-    if use_compiled_kernels(x):
+    check_fwht(x, normalized)
+    if use_compiled_kernels(x) or _gpu_kernels(x):
         return _FWHT_OP(x, normalized)
     return reference.fwht(x, normalized)
+
+
+def _gpu_kernels(x: Tensor) -> bool:
+    """CUDA tensors go to the operators, whose CUDA kernels are Triton's (:mod:`.triton_backend`),
+    unless the reference backend was requested."""
+    return x.device.type == "cuda" and get_backend() != "reference"
 
 
 def _as_suffix_of(diagonal: Tensor, shape: torch.Size) -> Tensor:
@@ -130,7 +138,7 @@ def whvi_matvec(x: Tensor, s1: Tensor, g: Tensor, s2: Tensor) -> Tensor:
         WHVI paper (Rossi et al., NeurIPS 2020), §2.2 (eq. 3–6), App. D.5.
     """
     check_whvi_matvec(x, s1, g, s2)
-    if not use_compiled_kernels(x):
+    if not (use_compiled_kernels(x) or _gpu_kernels(x)):
         return reference.whvi_matvec(x, s1, g, s2)
     if has_kernel_layout(x, s1, g, s2):
         return _WHVI_MATVEC_OP(x, s1, g, s2)

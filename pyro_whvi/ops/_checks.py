@@ -1,4 +1,5 @@
-"""Input validation for the public ops: early errors that say what was expected and how to fix it."""
+"""Input validation for the public ops (and the package's other entry points): early errors that say
+what was expected and how to fix it."""
 
 from __future__ import annotations
 
@@ -11,6 +12,10 @@ _FLOAT_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.f
 def check_tensor(op: str, name: str, t: object) -> Tensor:
     if not isinstance(t, Tensor):
         raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}.")
+    if t.layout != torch.strided:
+        raise TypeError(
+            f"{op}: {name} is a {t.layout} tensor; the ops take dense tensors. Convert with {name}.to_dense()."
+        )
     if t.dtype not in _FLOAT_DTYPES:
         kind = "complex" if t.is_complex() else ("boolean" if t.dtype == torch.bool else "integer")
         raise TypeError(
@@ -42,7 +47,23 @@ def next_power_of_two(n: int) -> int:
     return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
 
 
-def check_fwht(x: object) -> Tensor:
+def check_finite(where: str, name: str, t: Tensor) -> None:
+    """Raise a ``ValueError`` naming ``name`` and counting its NaN and infinite entries.
+
+    One reduction when every entry is finite (the usual case); the counts only on failure.
+    """
+    if not torch.isfinite(t).all():
+        nan, inf = int(t.isnan().sum()), int(t.isinf().sum())
+        raise ValueError(
+            f"{where}: {name} has {nan} NaN and {inf} infinite entries (of {t.numel()}); remove or impute them first."
+        )
+
+
+def check_fwht(x: object, normalized: object) -> Tensor:
+    # The compiled op's schema would take 1.0 and reject "yes", the reference any truthy value: check here,
+    # before either, so every backend answers alike.
+    if not isinstance(normalized, bool):
+        raise TypeError(f"fwht: normalized must be True or False, got {normalized!r} ({type(normalized).__name__}).")
     t = check_tensor("fwht", "x", x)
     check_power_of_two("fwht", "x", t.shape[-1])
     return t

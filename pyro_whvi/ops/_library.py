@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from . import reference
+from . import reference, triton_backend
 
 _LIB = torch.library.Library("pyro_whvi", "DEF")
 _LIB.define("fwht(Tensor x, bool normalized=True) -> Tensor")
@@ -187,3 +187,6 @@ torch.library.register_autograd(
 torch.library.register_autograd(
     "pyro_whvi::fastfood_transpose", _fastfood_transpose_backward, setup_context=_fastfood_setup_context, lib=_LIB
 )
+
+# CUDA: the Triton kernels (Triton itself is imported by the first CUDA tensor, not here).
+triton_backend.register(_LIB)

@@ -1,28 +1,25 @@
-"""Choice of the kernels behind :mod:`pyro_whvi.ops`, and the build of the compiled ones.
+"""Choice of the kernels behind :mod:`pyro_whvi.ops`.
 
 Two backends implement the same contract:
 
 * ``"reference"`` — pure PyTorch (:mod:`pyro_whvi.ops.reference`): always available, any device.
 * ``"compiled"`` — the C++ kernels in the package's kernel sources (top-level ``cuda/`` in a
-  checkout), built with :func:`torch.utils.cpp_extension.load` on first use and cached under
-  ``$TORCH_EXTENSIONS_DIR`` (default ``~/.cache/torch_extensions``). They serve CPU tensors in
+  checkout), built on first use and cached under ``$TORCH_EXTENSIONS_DIR`` (default
+  ``~/.cache/torch_extensions``; see :mod:`pyro_whvi.ops.build`). They serve CPU tensors in
   float32/float64; other devices and dtypes use the reference.
 
 The default, ``"auto"``, uses the compiled kernels when they build and otherwise falls back to
 the reference with a single warning. The environment variable ``PYRO_WHVI_BACKEND``
-(``auto``, ``compiled`` or ``reference``) sets the choice at start-up; :func:`set_backend` and
-:func:`use_backend` change it at run time. ``python -m pyro_whvi.ops.build`` builds ahead of time.
+(``auto``, ``compiled`` or ``reference``) sets the choice; it is read on the first use of an op,
+and any other value raises :class:`BackendEnvironmentError` there (the ``whvi`` command checks it first
+and prints it as one line). :func:`set_backend` and
+:func:`use_backend` change the choice at run time. ``python -m pyro_whvi.ops.build`` builds ahead of time.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import importlib.resources
 import os
-import platform
-import shutil
-import sys
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,6 +29,7 @@ import torch
 __all__ = [
     "BACKENDS",
     "ENV_VAR",
+    "BackendEnvironmentError",
     "compiled_available",
     "compiled_error",
     "get_backend",
@@ -43,8 +41,14 @@ __all__ = [
 
 ENV_VAR = "PYRO_WHVI_BACKEND"
 BACKENDS = ("auto", "compiled", "reference")
-_CPU_SOURCES = ("fwht_cpu.cpp", "structured_cpu.cpp")
-_CPU_HEADERS = ("row_kernels.h",)
+
+
+class BackendEnvironmentError(ValueError):
+    """``$PYRO_WHVI_BACKEND`` names no backend (the message says the allowed values and the fix).
+
+    Raised on the first use of an op, not at import: importing a library should not fail (or, as a
+    ``SystemExit`` would, end an interactive session) because of a setting it has not used yet.
+    """
 
 
 def _parse_backend(name: str, where: str) -> str:
@@ -54,14 +58,25 @@ def _parse_backend(name: str, where: str) -> str:
     return value
 
 
+def _backend_from_environment() -> str:
+    try:
+        return _parse_backend(os.environ.get(ENV_VAR) or "auto", f"${ENV_VAR}")
+    except ValueError as error:
+        raise BackendEnvironmentError(
+            f"pyro_whvi: {error} Fix: unset {ENV_VAR} or set it to one of them, e.g. `export {ENV_VAR}=auto`."
+        ) from None
+
+
 class _State:
-    requested: str = _parse_backend(os.environ.get(ENV_VAR, "auto") or "auto", f"${ENV_VAR}")
+    requested: str | None = None  # None: $PYRO_WHVI_BACKEND not read yet
     compiled: bool | None = None  # None: not tried yet
     error: str | None = None
 
 
 def get_backend() -> str:
-    """The requested backend: ``"auto"``, ``"compiled"`` or ``"reference"``."""
+    """The requested backend: ``"auto"``, ``"compiled"`` or ``"reference"`` (reads ``$PYRO_WHVI_BACKEND`` once)."""
+    if _State.requested is None:
+        _State.requested = _backend_from_environment()
     return _State.requested
 
 
@@ -73,7 +88,7 @@ def set_backend(name: str) -> None:
 @contextlib.contextmanager
 def use_backend(name: str) -> Iterator[None]:
     """Context manager form of :func:`set_backend`; restores the previous choice on exit."""
-    previous = _State.requested
+    previous = get_backend()
     set_backend(name)
     try:
         yield
@@ -83,70 +98,23 @@ def use_backend(name: str) -> Iterator[None]:
 
 def kernel_source_dir() -> Path:
     """Directory holding the C++/CUDA kernel sources (installed copy or the checkout's ``cuda/``)."""
-    try:
-        installed = Path(str(importlib.resources.files("pyro_whvi._csrc")))
-        if (installed / _CPU_SOURCES[0]).is_file():
-            return installed
-    except ModuleNotFoundError:
-        pass
-    checkout = Path(__file__).resolve().parents[2] / "cuda"
-    if (checkout / _CPU_SOURCES[0]).is_file():
-        return checkout
-    raise FileNotFoundError(
-        "pyro_whvi: the kernel sources (fwht_cpu.cpp) are missing from the installation; reinstall pyro_whvi."
-    )
+    from .build import kernel_source_dir as find
 
-
-def _native_flags() -> tuple[list[str], str]:
-    """Compiler flags for this machine and a tag that keys the build cache to the CPU."""
-    flags = ["-O3", "-funroll-loops"]
-    if sys.platform.startswith("linux"):
-        # at::parallel_for is inline OpenMP: without -fopenmp it silently runs on one thread.
-        # The soname matches the libgomp that torch has already loaded, so no second runtime.
-        flags.append("-fopenmp")
-    if os.environ.get("PYRO_WHVI_NATIVE", "1") != "0" and platform.machine() in ("x86_64", "aarch64"):
-        flags.append("-march=native")
-    flags += os.environ.get("PYRO_WHVI_EXTRA_CFLAGS", "").split()
-    cpu_description = platform.machine()
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features", "model name")):
-                cpu_description += line
-    # The kernel files are part of the key: torch's own rebuild check hashes the sources, not the headers.
-    kernels = b"".join((kernel_source_dir() / name).read_bytes() for name in (*_CPU_SOURCES, *_CPU_HEADERS))
-    tag = hashlib.sha1(f"{cpu_description}|{torch.__version__}|{flags}".encode() + kernels).hexdigest()[:10]
-    return flags, tag
+    return find()
 
 
 def load_compiled(verbose: bool = False) -> None:
-    """Build (if needed) and load the compiled CPU kernels; raise with the reason on failure."""
+    """Build (if needed) and load the compiled CPU kernels; raise with the reason on failure.
+
+    See :func:`pyro_whvi.ops.build.load_kernels`.
+    """
     if _State.compiled:
         return
-    from torch.utils import cpp_extension
+    # Imported here, not at the top: `python -m pyro_whvi.ops.build` runs that module as __main__,
+    # and runpy warns when the package import has already imported it.
+    from .build import load_kernels
 
-    compiler = os.environ.get("CXX", "c++")
-    if shutil.which(compiler) is None:
-        raise RuntimeError(f"no C++ compiler found (looked for {compiler!r}; set $CXX to choose one)")
-    if not cpp_extension.is_ninja_available():
-        raise RuntimeError("ninja is not installed (pip install ninja)")
-    flags, tag = _native_flags()
-    name = f"pyro_whvi_cpu_{tag}"
-    sources = [str(kernel_source_dir() / source) for source in _CPU_SOURCES]
-    build_dir = Path(cpp_extension._get_build_directory(name, verbose=False))
-    if not (build_dir / f"{name}.so").exists():
-        print(
-            f"pyro_whvi: compiling the CPU kernels into {build_dir} (first use only, about a minute)...",
-            file=sys.stderr,
-            flush=True,
-        )
-    cpp_extension.load(
-        name=name,
-        sources=sources,
-        extra_cflags=flags,
-        extra_ldflags=["-fopenmp"] if "-fopenmp" in flags else [],
-        is_python_module=False,
-        verbose=verbose,
-    )
+    load_kernels(verbose=verbose)
     _State.compiled = True
     _State.error = None
 
@@ -165,7 +133,7 @@ def compiled_available() -> bool:
         except Exception as error:  # any build failure means "fall back"
             _State.compiled = False
             _State.error = f"{type(error).__name__}: {error}".strip()
-            if _State.requested == "auto":
+            if get_backend() == "auto":
                 warnings.warn(
                     "pyro_whvi: the compiled CPU kernels could not be built, so the pure-PyTorch "
                     f"reference is used (slower). Reason: {_State.error[-2000:]}\n"
@@ -183,7 +151,7 @@ def compiled_error() -> str | None:
 
 def use_compiled_kernels(x: torch.Tensor) -> bool:
     """Whether an op on ``x`` runs the compiled kernel (hot path: keep it cheap)."""
-    requested = _State.requested
+    requested = _State.requested or get_backend()
     if requested == "reference" or x.device.type != "cpu" or x.dtype not in _COMPILED_DTYPES:
         return False
     if _State.compiled:
