@@ -14,6 +14,7 @@ a markdown table and a plot of time vs D.
 
     python benchmarks/fwht.py --quick          # about a minute
     python benchmarks/fwht.py                  # full sweep
+    python benchmarks/fwht.py --device cuda    # the Triton GPU kernels (benchmarks/gpu_kernels.py)
 """
 
 from __future__ import annotations
@@ -169,7 +170,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=512, help="rows per call (default 512)")
     parser.add_argument("--max-log2-d", type=int, default=None, help="largest D as a power of two (default 14)")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"), help="output folder")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cuda: benchmarks/gpu_kernels.py")
     args = parser.parse_args(argv)
+    if args.device == "cuda":  # the GPU kernels have their own script (other baselines: copy, cuBLAS, Dao's)
+        import gpu_kernels
+
+        return gpu_kernels.main(["--out", str(args.out), *(["--max-log2-d", "13"] if args.quick else [])])
     if args.batch < 1:
         parser.error("--batch must be positive")
     max_log2 = args.max_log2_d if args.max_log2_d is not None else (12 if args.quick else 14)

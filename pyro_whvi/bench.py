@@ -41,12 +41,20 @@ def find_benchmarks(directory: Path | None = None) -> Path:
     )
 
 
-def run_benchmark(name: str, directory: Path, quick: bool = False, out: Path | None = None) -> None:
-    """Run benchmark ``name`` (a key of :data:`BENCHMARKS`) as its script would run from the command line."""
+def run_benchmark(
+    name: str, directory: Path, quick: bool = False, out: Path | None = None, device: str = "cpu"
+) -> None:
+    """Run benchmark ``name`` (a key of :data:`BENCHMARKS`) as its script would run from the command line.
+
+    ``device="cuda"`` is for ``fwht`` (the Triton kernels); the others time the CPU.
+    """
     if name not in BENCHMARKS:
         raise ValueError(f"unknown benchmark {name!r}; choose from {', '.join(BENCHMARKS)}")
+    if device != "cpu" and name != "fwht":
+        raise ValueError(f"benchmark {name!r} runs on the CPU only; --device {device} is for fwht")
     script = directory / BENCHMARKS[name]
     argv = [str(script), *(QUICK_FLAGS[name] if quick else []), *(["--out", str(out)] if out else [])]
+    argv += ["--device", device] if device != "cpu" else []
     saved_argv, saved_path = sys.argv, list(sys.path)
     sys.argv = argv
     sys.path.insert(0, str(directory))

@@ -101,6 +101,7 @@ def _add_bench(commands) -> None:
     bench.add_argument("--quick", action="store_true", help="fewer sizes and repeats")
     bench.add_argument("--out", type=Path, help="output folder (default: each script's, benchmarks/results)")
     bench.add_argument("--benchmarks", type=Path, help="the benchmarks/ folder (default: the source checkout's)")
+    bench.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cuda: the GPU kernels (fwht only)")
     bench.set_defaults(subparser=bench)
 
 
@@ -111,13 +112,15 @@ def _bench(args: argparse.Namespace) -> int:
     unknown = sorted(set(names) - set(BENCHMARKS))
     if unknown or not names:
         args.subparser.error(f"unknown benchmarks {unknown}; choose from {','.join(BENCHMARKS)} or all")
+    if args.device != "cpu" and names != ["fwht"]:
+        args.subparser.error(f"--device {args.device} is for the fwht benchmark only (the others time the CPU)")
     try:
         directory = find_benchmarks(args.benchmarks)
     except FileNotFoundError as error:
         args.subparser.error(str(error))
     for name in names:
         print(f"== whvi bench {name}", flush=True)
-        run_benchmark(name, directory, quick=args.quick, out=args.out)
+        run_benchmark(name, directory, quick=args.quick, out=args.out, device=args.device)
     return 0
 
 

@@ -48,3 +48,35 @@ def test_structured_ops_cuda_match_cpu():
     expected = ops.fastfood(inputs, signs, permutation, gaussian, scale)
     actual = ops.fastfood(*(t.cuda() for t in (inputs, signs, permutation, gaussian, scale))).cpu()
     torch.testing.assert_close(actual, expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_types_on_the_triton_kernels_match_float64(dtype):
+    from pyro_whvi.ops import triton_backend
+
+    assert triton_backend.triton_available(), "CUDA tensors need Triton for the GPU kernels"
+    x, s1, g, s2 = (torch.randn(shape, dtype=torch.float64) for shape in ((8, 1, 512), (2, 512), (8, 2, 512), (2, 512)))
+    expected = ops.whvi_matvec(x, s1, g, s2)
+    actual = ops.whvi_matvec(*(t.to("cuda", dtype) for t in (x, s1, g, s2))).double().cpu()
+    tolerance = 1e-2 if dtype == torch.float16 else 5e-2  # rounding of the inputs and the output
+    torch.testing.assert_close(actual, expected, rtol=tolerance, atol=tolerance * expected.abs().max().item())
+
+
+def test_compiled_whvi_layers_on_cuda_match_eager():
+    from torch import nn
+
+    from pyro_whvi.nn import bayesian_, kl_divergence
+
+    network = bayesian_(nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 1)), preset="paper").cuda()
+    x = torch.randn(32, 16, device="cuda")
+
+    def loss_fn(x):
+        return network(x).square().sum() + kl_divergence(network)
+
+    compiled = torch.compile(loss_fn, fullgraph=True, options={"fallback_random": True})
+    torch.manual_seed(0)
+    eager = loss_fn(x)
+    torch.manual_seed(0)
+    torch.testing.assert_close(compiled(x), eager)
+    compiled(x).backward()
+    assert all(p.grad is not None and p.grad.is_cuda for p in network.parameters())

@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from pyro_whvi import ops
+from pyro_whvi import AutoVSDGuide, AutoWHVIGuide, ops
 from pyro_whvi.models import BayesianCNN, BayesianMLP
 from pyro_whvi.nn import bayesian_, kl_divergence
 
@@ -50,3 +50,36 @@ def test_the_ready_made_models_priors_follow_the_module(model, x):
     sites = [site for site in trace.nodes.values() if site["type"] == "sample" and not site["is_observed"]]
     assert sites and all(site["value"].device == META for site in sites)
     assert not any("prior_scale" in key for key in model.state_dict())  # checkpoints keep their keys
+
+
+GUIDES = {
+    "whvi": lambda model: AutoWHVIGuide(model),
+    "whvi-full": lambda model: AutoWHVIGuide(model, covariance="full"),
+    "whvi-lowrank": lambda model: AutoWHVIGuide(model, covariance="lowrank"),
+    "nf-whvi": lambda model: AutoWHVIGuide(model, flows=2),
+    "whvi-paper": lambda model: AutoWHVIGuide(model, preset="paper"),
+    "vsd": lambda model: AutoVSDGuide(model, reflections=2),
+    "vsd-hierarchical": lambda model: AutoVSDGuide(model, hierarchical=True),
+}
+
+
+@pytest.mark.parametrize("name", sorted(GUIDES))
+def test_structured_guides_evaluate_the_elbo_on_the_models_device(name):
+    """Set-up, one ELBO estimate (the model replayed on the guide's trace) and its backward, all on ``meta``.
+
+    Pyro's ``Trace_ELBO`` itself reads loss values with ``.item()``, which ``meta`` cannot; the estimate
+    here is the same sum of log-densities.
+    """
+    with pyro.validation_enabled(False):
+        model = BayesianMLP([5, 16, 16, 1]).to(META)
+        guide = GUIDES[name](model)
+        x, y = torch.randn(8, 5, device=META), torch.randn(8, device=META)
+        guide_trace = pyro.poutine.trace(guide).get_trace(x, y)
+        model_trace = pyro.poutine.trace(pyro.poutine.replay(model, trace=guide_trace)).get_trace(x, y)
+        loss = guide_trace.log_prob_sum() - model_trace.log_prob_sum()
+    loss.backward()
+    assert loss.device == META
+    parameters = list(guide.named_parameters())
+    assert parameters and all(p.device == META and p.grad is not None for _, p in parameters), [
+        n for n, p in parameters if p.device != META or p.grad is None
+    ]

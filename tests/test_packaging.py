@@ -23,5 +23,6 @@ def test_wheel_contains_kernel_sources(tmp_path):
     (wheel,) = tmp_path.glob("pyro_whvi-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     for source in ("fwht_cpu.cpp", "structured_cpu.cpp", "row_kernels.h"):
-        assert f"pyro_whvi/_csrc/{source}" in names
+        assert f"pyro_whvi/_csrc/cpu/{source}" in names
+    assert "pyro_whvi/_csrc/triton/kernels.py" in names
     assert "pyro_whvi/ops/__init__.py" in names

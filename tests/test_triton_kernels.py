@@ -68,6 +68,77 @@ assert {"whvi_matvec_kernel", "whvi_matvec_backward_kernel"} <= set(launched)
 x, s1, g, s2, grad = (torch.randn(2, 8192, dtype=torch.float64) for _ in range(5))
 for got, want in zip(tb.whvi_matvec_backward(grad, x, s1, g, s2), reference.whvi_matvec_backward(grad, x, s1, g, s2)):
     close(got, want, torch.float64, "unfused backward")
+
+# The structured ops: Fastfood and its adjoint (one permutation gather each), the WHVI design and its backward.
+launched.clear()
+for dtype in (torch.float32, torch.float64):
+    size, blocks = 64, 3
+    signs = (torch.randint(0, 2, (blocks, size)) * 2 - 1).to(dtype)
+    permutation = torch.argsort(torch.rand(blocks, size), dim=-1)
+    gaussian, scale = torch.randn(2, blocks, size, dtype=dtype).unbind(0)
+    x = torch.randn(2, 5, size, dtype=dtype)
+    close(tb.fastfood(x, signs, permutation, gaussian, scale),
+          reference.fastfood(x, signs, permutation, gaussian, scale), dtype, "fastfood")  # fmt: skip
+    grad = torch.randn(2, 5, blocks, size, dtype=dtype)
+    expected = reference.fastfood_transpose(grad, signs, permutation, gaussian, scale)
+    close(tb.fastfood_transpose(grad, signs, permutation, gaussian, scale), expected, dtype, "fastfood_transpose")
+    for size in (2, 16, 64, 128):  # 128: above the fused design's tile, the reference
+        matrices = torch.randn(3, 4, size, size, dtype=dtype)
+        s1, s2 = torch.randn(2, size, dtype=dtype).unbind(0)
+        close(tb.whvi_design(matrices, s1, s2), reference.whvi_design(matrices, s1, s2), dtype, ("design", size))
+        grad = torch.randn(3, 4, size, dtype=dtype)
+        for got, want in zip(tb.whvi_design_backward(grad, matrices, s1, s2),
+                             reference.whvi_design_backward(grad, matrices, s1, s2)):  # fmt: skip
+            close(got, want, dtype, ("design backward", size))
+    features, s1, s2 = torch.randn(6, 40, dtype=dtype), torch.randn(8, dtype=dtype), torch.randn(8, dtype=dtype)
+    grad = torch.randn(6, 8, dtype=dtype)
+    for got, want in zip(tb.whvi_fourier_design_backward(grad, features, s1, s2),
+                         reference.whvi_fourier_design_backward(grad, features, s1, s2)):  # fmt: skip
+        close(got, want, dtype, "fourier design backward")
+assert set(launched) == {"fastfood_kernel", "fastfood_transpose_kernel"}, launched
+
+# Against scipy's Hadamard matrix and the C++ CPU kernels on the same inputs.
+import scipy.linalg
+from pyro_whvi import ops
+
+for size in (2, 64, 1024):
+    x = torch.randn(4, size, dtype=torch.float64)
+    dense = torch.from_numpy(scipy.linalg.hadamard(size)).double() / size**0.5
+    close(tb.fwht(x), x @ dense.T, torch.float64, ("scipy", size))
+if ops.compiled_available():
+    with ops.use_backend("compiled"):
+        for dtype in (torch.float32, torch.float64):
+            x, s1, g, s2 = (torch.randn(shape, dtype=dtype) for shape in ((5, 1, 256), (2, 256), (5, 2, 256), (2, 256)))
+            close(tb.fwht(x), ops.fwht(x), dtype, "compiled fwht")
+            close(tb.whvi_matvec(x, s1, g, s2), ops.whvi_matvec(x, s1, g, s2), dtype, "compiled matvec")
+
+# gradcheck in float64 through the kernels' forward and backward (the formulas the CUDA dispatch uses).
+class Matvec(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, s1, g, s2):
+        ctx.save_for_backward(x, s1, g, s2)
+        return tb.whvi_matvec(x, s1, g, s2)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return tb.whvi_matvec_backward(grad.contiguous(), *ctx.saved_tensors)
+
+class Fastfood(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, *tables):
+        ctx.tables = tables
+        return tb.fastfood(x, *tables)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return (tb.fastfood_transpose(grad.contiguous(), *ctx.tables), None, None, None, None)
+
+shapes = ((3, 1, 16), (2, 16), (3, 2, 16), (2, 16))
+inputs = [torch.randn(shape, dtype=torch.float64, requires_grad=True) for shape in shapes]
+assert torch.autograd.gradcheck(Matvec.apply, inputs)
+tables = ((torch.randint(0, 2, (2, 16)) * 2 - 1).double(), torch.argsort(torch.rand(2, 16), -1),
+          torch.randn(2, 16, dtype=torch.float64), torch.randn(2, 16, dtype=torch.float64))  # fmt: skip
+assert torch.autograd.gradcheck(Fastfood.apply, (torch.randn(3, 16, dtype=torch.float64, requires_grad=True), *tables))
 print("ok")
 """
 
@@ -85,13 +156,34 @@ def test_importing_the_library_does_not_import_triton():
 
 
 @pytest.mark.parametrize("arch", [80, 90])
-@pytest.mark.parametrize("kernel", ["fwht_kernel", "whvi_matvec_kernel", "whvi_matvec_backward_kernel"])
+@pytest.mark.parametrize("kernel", ["fwht", "whvi_matvec", "whvi_matvec_backward", "fastfood", "fastfood_transpose"])
 def test_kernels_compile_for_the_gpu_without_spilling(kernel, arch):
     from pyro_whvi.ops import triton_backend
 
+    kernel = f"{kernel}_kernel"
+    module = triton_backend.kernels()
     for size in (2, 128, 8192):
         for dtype in (torch.float32, torch.bfloat16, torch.float64):
-            fused = triton_backend.kernels().max_fused_size(kernel, dtype == torch.float64)
+            fused = module.max_fused_size(kernel, dtype == torch.float64)
+            if kernel.startswith("fastfood"):
+                fused = module.MAX_FASTFOOD_SIZE
             usage = triton_backend.resource_usage(kernel, min(size, fused), dtype, arch)
             assert usage["spill_bytes"] == 0, (kernel, size, dtype, arch, usage)
             assert usage["registers"] <= 255
+
+
+@pytest.mark.parametrize("arch", [80, 90])
+@pytest.mark.parametrize("kernel", ["whvi_design_kernel", "whvi_design_backward_kernel"])
+def test_design_kernels_compile_for_the_gpu_without_spilling(kernel, arch):
+    from pyro_whvi.ops import triton_backend
+
+    for size in (2, 16, triton_backend.kernels().MAX_DESIGN_SIZE):
+        for dtype in (torch.float32, torch.float64):
+            usage = triton_backend.resource_usage(kernel, size, dtype, arch)
+            assert usage["spill_bytes"] == 0, (kernel, size, dtype, arch, usage)
+
+
+def test_every_operator_has_a_cuda_kernel():
+    for op in ("fwht", "whvi_matvec", "whvi_matvec_backward", "whvi_design", "whvi_design_backward",
+               "whvi_fourier_design_backward", "fastfood", "fastfood_transpose"):  # fmt: skip
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(f"pyro_whvi::{op}", "CUDA"), op

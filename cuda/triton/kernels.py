@@ -21,6 +21,11 @@ import triton.language as tl
 
 #: The largest ``D`` transformed in one program; longer rows are split into two passes (``H_{AB} = H_A \otimes H_B``).
 MAX_FUSED_SIZE = 8192
+#: The largest ``D`` of :func:`whvi_design_kernel` (a ``D x D`` tile per program); larger matrices use the reference.
+MAX_DESIGN_SIZE = 64
+#: The largest ``P`` of the Fastfood kernels: their in-register permutation (``tl.gather``) compiles in
+#: about 3 s at 1024 and not within 5 minutes at 4096 (ptxas, sm_80); longer rows use the reference.
+MAX_FASTFOOD_SIZE = 1024
 
 
 @triton.jit
@@ -110,6 +115,98 @@ def whvi_matvec_backward_kernel(
     z = _hadamard(g * w, ROWS, D, LOG_D) * root
     _store_rows(grad_x_ptr, _load_rows(s2_ptr, s2_rows, rows, mask, D, COMPUTE) * z, rows, mask, D)
     _store_rows(grad_s2_ptr, _load_rows(x_ptr, x_rows, rows, mask, D, COMPUTE) * z, rows, mask, D)
+
+
+@triton.jit
+def fastfood_kernel(
+    x_ptr, signs_ptr, permutation_ptr, gaussian_ptr, scale_ptr, y_ptr, n_blocks, n_rows, norm,
+    ROWS: tl.constexpr, D: tl.constexpr, LOG_D: tl.constexpr, COMPUTE: tl.constexpr,
+):  # fmt: skip
+    """Row ``r = n * B + b`` of ``y``: ``scale_b * H(gaussian_b * Pi_b H(signs_b * x_n))`` (orthonormal ``H``)."""
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    mask = rows < n_rows
+    columns = tl.arange(0, D)
+    example = (rows // n_blocks).to(tl.int64)
+    block = (rows % n_blocks).to(tl.int64)
+    m2 = mask[:, None]
+    x = tl.load(x_ptr + example[:, None] * D + columns[None, :], mask=m2, other=0.0).to(COMPUTE)
+    signs = tl.load(signs_ptr + block[:, None] * D + columns[None, :], mask=m2, other=0.0).to(COMPUTE)
+    h = _hadamard(x * signs, ROWS, D, LOG_D) * norm
+    permutation = tl.load(permutation_ptr + block[:, None] * D + columns[None, :], mask=m2, other=0)
+    h = tl.gather(h, permutation.to(tl.int32), 1)
+    gaussian = tl.load(gaussian_ptr + block[:, None] * D + columns[None, :], mask=m2, other=0.0).to(COMPUTE)
+    scale = tl.load(scale_ptr + block[:, None] * D + columns[None, :], mask=m2, other=0.0).to(COMPUTE)
+    y = _hadamard(h * gaussian, ROWS, D, LOG_D) * norm * scale
+    tl.store(y_ptr + rows.to(tl.int64)[:, None] * D + columns[None, :], y.to(y_ptr.dtype.element_ty), mask=m2)
+
+
+@triton.jit
+def fastfood_transpose_kernel(
+    grad_ptr, signs_ptr, inverse_ptr, gaussian_ptr, scale_ptr, y_ptr, n_blocks, n_rows, norm,
+    ROWS: tl.constexpr, D: tl.constexpr, LOG_D: tl.constexpr, COMPUTE: tl.constexpr,
+):  # fmt: skip
+    """Row ``r = n * B + b``: ``signs_b * H(Pi_b^T (gaussian_b * H(scale_b * grad_nb)))``; the host sums over ``b``."""
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    mask = rows < n_rows
+    m2 = mask[:, None]
+    columns = tl.arange(0, D)
+    block = (rows % n_blocks).to(tl.int64)
+    own = rows.to(tl.int64)[:, None] * D + columns[None, :]
+    per_block = block[:, None] * D + columns[None, :]
+    grad = tl.load(grad_ptr + own, mask=m2, other=0.0).to(COMPUTE)
+    scale = tl.load(scale_ptr + per_block, mask=m2, other=0.0).to(COMPUTE)
+    gaussian = tl.load(gaussian_ptr + per_block, mask=m2, other=0.0).to(COMPUTE)
+    t = _hadamard(grad * scale, ROWS, D, LOG_D) * norm * gaussian
+    inverse = tl.load(inverse_ptr + per_block, mask=m2, other=0)
+    u = tl.gather(t, inverse.to(tl.int32), 1)  # the transpose of a permutation is its inverse
+    signs = tl.load(signs_ptr + per_block, mask=m2, other=0.0).to(COMPUTE)
+    tl.store(y_ptr + own, (_hadamard(u, ROWS, D, LOG_D) * norm * signs).to(y_ptr.dtype.element_ty), mask=m2)
+
+
+@triton.jit
+def whvi_design_kernel(x_ptr, s1_ptr, s2_ptr, y_ptr, norm, D: tl.constexpr, LOG_D: tl.constexpr, COMPUTE: tl.constexpr):
+    """Matrix ``m``: ``y = D^(-1) H c`` (unnormalized ``H``), ``c_l = sum_i s1_i s2_(i^l) X_(i, i^l)``.
+
+    One gather (the ``D x D`` tile read along ``i ^ l``) and one transform."""
+    matrix = tl.program_id(0).to(tl.int64)
+    output = tl.arange(0, D)[:, None]  # l
+    i = tl.arange(0, D)[None, :]
+    column = i ^ output
+    x = tl.load(x_ptr + matrix * D * D + i * D + column).to(COMPUTE)
+    s1 = tl.load(s1_ptr + i).to(COMPUTE)
+    s2 = tl.load(s2_ptr + column).to(COMPUTE)
+    c = tl.reshape(tl.sum(x * s1 * s2, axis=1), (1, D))
+    y = _hadamard(c, 1, D, LOG_D) * norm
+    tl.store(y_ptr + matrix * D + tl.arange(0, D)[None, :], y.to(y_ptr.dtype.element_ty))
+
+
+@triton.jit
+def whvi_design_backward_kernel(
+    grad_ptr,
+    x_ptr,
+    s1_ptr,
+    s2_ptr,
+    grad_x_ptr,
+    q_ptr,
+    norm,
+    D: tl.constexpr,
+    LOG_D: tl.constexpr,
+    COMPUTE: tl.constexpr,
+):
+    """Matrix ``m``: ``z = D^(-1/2) H grad_m``, ``grad_X_ij = s1_i s2_j z_(i^j)`` and ``Q_m = X_m * z_(i^j)``
+    (the host sums ``Q`` over the matrices: ``grad_s1 = Q s2``, ``grad_s2 = Q^T s1``)."""
+    matrix = tl.program_id(0).to(tl.int64)
+    grad = tl.load(grad_ptr + matrix * D + tl.arange(0, D)[None, :]).to(COMPUTE)
+    z = _hadamard(grad, 1, D, LOG_D) * norm  # (1, D)
+    i = tl.arange(0, D)[:, None]
+    j = tl.arange(0, D)[None, :]
+    shifted = tl.gather(tl.broadcast_to(z, (D, D)), (i ^ j).to(tl.int32), 1)  # z[i ^ j]
+    s1 = tl.load(s1_ptr + i).to(COMPUTE)
+    s2 = tl.load(s2_ptr + j).to(COMPUTE)
+    offsets = matrix * D * D + i * D + j
+    x = tl.load(x_ptr + offsets).to(COMPUTE)
+    tl.store(grad_x_ptr + offsets, (s1 * s2 * shifted).to(grad_x_ptr.dtype.element_ty))
+    tl.store(q_ptr + offsets, (x * shifted).to(q_ptr.dtype.element_ty))
 
 
 def rows_per_program(size: int, double: bool = False) -> int:

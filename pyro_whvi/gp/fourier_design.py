@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..ops import reference, whvi_design
-from ..ops.backends import use_compiled_kernels
+from ..ops.backends import use_compiled_kernels, use_gpu_kernels
 from .features import fourier_features
 
 __all__ = ["whvi_fourier_design"]
@@ -53,7 +53,7 @@ class _WHVIFourierDesign(torch.autograd.Function):
             inputs = [t for t, n in zip((angles, scale, s1, s2), needed) if n]
             grads = iter(torch.autograd.grad(_composite(angles, scale, s1, s2), inputs, grad, create_graph=True))
             return tuple(next(grads) if n else None for n in needed)
-        if use_compiled_kernels(grad):
+        if use_compiled_kernels(grad) or use_gpu_kernels(grad):
             fused = torch.ops.pyro_whvi.whvi_fourier_design_backward(grad.contiguous(), features, s1, s2)
         else:
             fused = reference.whvi_fourier_design_backward(grad, features, s1, s2)

@@ -90,8 +90,8 @@ def prior_stddev(fn, like: torch.Tensor) -> torch.Tensor | float:
         stddev = fn.stddev.detach()
     except (NotImplementedError, AttributeError):
         return 1.0
-    if not torch.isfinite(stddev).all() or (stddev <= 0).any():
-        return 1.0
+    # Elementwise, without a data-dependent branch: no device synchronization (and it runs on "meta").
+    stddev = torch.where(torch.isfinite(stddev) & (stddev > 0), stddev, torch.ones_like(stddev))
     try:
         return stddev.expand(like.shape)
     except RuntimeError:

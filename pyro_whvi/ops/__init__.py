@@ -39,6 +39,7 @@ from .backends import (
     set_backend,
     use_backend,
     use_compiled_kernels,
+    use_gpu_kernels,
 )
 from .shapes import (
     WHVIDimensions,
@@ -96,15 +97,9 @@ def fwht(x: Tensor, normalized: bool = True) -> Tensor:
         WHVI paper (Rossi et al., NeurIPS 2020), §2.1.
     """
     check_fwht(x, normalized)
-    if use_compiled_kernels(x) or _gpu_kernels(x):
+    if use_compiled_kernels(x) or use_gpu_kernels(x):
         return _FWHT_OP(x, normalized)
     return reference.fwht(x, normalized)
-
-
-def _gpu_kernels(x: Tensor) -> bool:
-    """CUDA tensors go to the operators, whose CUDA kernels are Triton's (:mod:`.triton_backend`),
-    unless the reference backend was requested."""
-    return x.device.type == "cuda" and get_backend() != "reference"
 
 
 def _as_suffix_of(diagonal: Tensor, shape: torch.Size) -> Tensor:
@@ -138,7 +133,7 @@ def whvi_matvec(x: Tensor, s1: Tensor, g: Tensor, s2: Tensor) -> Tensor:
         WHVI paper (Rossi et al., NeurIPS 2020), §2.2 (eq. 3–6), App. D.5.
     """
     check_whvi_matvec(x, s1, g, s2)
-    if not (use_compiled_kernels(x) or _gpu_kernels(x)):
+    if not (use_compiled_kernels(x) or use_gpu_kernels(x)):
         return reference.whvi_matvec(x, s1, g, s2)
     if has_kernel_layout(x, s1, g, s2):
         return _WHVI_MATVEC_OP(x, s1, g, s2)

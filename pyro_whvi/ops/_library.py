@@ -2,7 +2,8 @@
 
 The schemas, the fake (meta) kernels used by ``torch.compile`` and the default kernels (the
 pure-PyTorch reference, for every device) live here. The compiled extension overrides the CPU
-kernels and the CPU autograd kernel from C++ (``cuda/fwht_cpu.cpp``).
+kernels and the CPU autograd kernel from C++ (``cuda/cpu/fwht_cpu.cpp``); the CUDA kernels are
+Triton's (``cuda/triton/``, :mod:`.triton_backend`).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Two backends implement the same contract:
 
 * ``"reference"`` — pure PyTorch (:mod:`pyro_whvi.ops.reference`): always available, any device.
-* ``"compiled"`` — the C++ kernels in the package's kernel sources (top-level ``cuda/`` in a
+* ``"compiled"`` — the C++ kernels in the package's kernel sources (top-level ``cuda/cpu/`` in a
   checkout), built on first use and cached under ``$TORCH_EXTENSIONS_DIR`` (default
   ``~/.cache/torch_extensions``; see :mod:`pyro_whvi.ops.build`). They serve CPU tensors in
   float32/float64; other devices and dtypes use the reference.
@@ -97,7 +97,7 @@ def use_backend(name: str) -> Iterator[None]:
 
 
 def kernel_source_dir() -> Path:
-    """Directory holding the C++/CUDA kernel sources (installed copy or the checkout's ``cuda/``)."""
+    """Directory holding the C++ CPU kernel sources (installed copy or the checkout's ``cuda/cpu/``)."""
     from .build import kernel_source_dir as find
 
     return find()
@@ -166,3 +166,9 @@ def use_compiled_kernels(x: torch.Tensor) -> bool:
 
 
 _COMPILED_DTYPES = frozenset({torch.float32, torch.float64})
+
+
+def use_gpu_kernels(x: torch.Tensor) -> bool:
+    """Whether an op on ``x`` goes to the operators' CUDA kernels (Triton's, :mod:`.triton_backend`):
+    CUDA tensors, unless the reference backend was requested."""
+    return x.device.type == "cuda" and get_backend() != "reference"

@@ -50,14 +50,14 @@ _TORCH_LOCK_GRACE_S = 2.0
 
 
 def kernel_source_dir() -> Path:
-    """Directory holding the C++/CUDA kernel sources (installed copy or the checkout's ``cuda/``)."""
+    """Directory holding the C++ CPU kernel sources (installed copy or the checkout's ``cuda/cpu/``)."""
     try:
-        installed = Path(str(importlib.resources.files("pyro_whvi._csrc")))
+        installed = Path(str(importlib.resources.files("pyro_whvi._csrc"))) / "cpu"
         if (installed / _CPU_SOURCES[0]).is_file():
             return installed
     except ModuleNotFoundError:
         pass
-    checkout = Path(__file__).resolve().parents[2] / "cuda"
+    checkout = Path(__file__).resolve().parents[2] / "cuda" / "cpu"
     if (checkout / _CPU_SOURCES[0]).is_file():
         return checkout
     raise FileNotFoundError(

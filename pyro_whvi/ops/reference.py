@@ -127,17 +127,18 @@ def whvi_design_backward(grad: Tensor, x: Tensor, s1: Tensor, s2: Tensor) -> tup
 
 
 def whvi_fourier_design_backward(
-    grad: Tensor, features: Tensor, s1: Tensor, s2: Tensor
+    grad: Tensor, features: Tensor, s1: Tensor, s2: Tensor, design_backward=None
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     r"""The backward of :func:`whvi_design` on random Fourier features, to their angles.
 
     ``features = [scale cos(A), scale sin(A)]`` (``F = 2m`` entries, zero-padded to ``D^2`` and read row
     by row): returns :math:`\bar A` ``(..., m)``, :math:`\bar s_1`, :math:`\bar s_2` and the per-row
     :math:`\sum_f \bar R_f R_f` (the caller divides by ``scale`` for its gradient).
+    ``design_backward`` computes :func:`whvi_design_backward` (default: this module's; the GPU kernels pass theirs).
     """
     size, half = s1.shape[-1], features.shape[-1] // 2
     padded = torch.nn.functional.pad(features, (0, size * size - features.shape[-1])).unflatten(-1, (size, size))
-    dpadded, ds1, ds2 = whvi_design_backward(grad, padded, s1, s2)
+    dpadded, ds1, ds2 = (design_backward or whvi_design_backward)(grad, padded, s1, s2)
     dfeatures = dpadded.flatten(-2)[..., : 2 * half]
     cos, sin = features[..., :half], features[..., half:]
     dcos, dsin = dfeatures[..., :half], dfeatures[..., half:]

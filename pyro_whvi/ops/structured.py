@@ -23,7 +23,7 @@ from torch import Tensor
 
 from . import reference
 from ._checks import check_power_of_two, check_tensor
-from .backends import use_compiled_kernels
+from .backends import use_compiled_kernels, use_gpu_kernels
 
 __all__ = ["fastfood", "whvi_design"]
 
@@ -66,7 +66,7 @@ def whvi_design(x: Tensor, s1: Tensor, s2: Tensor) -> Tensor:
     check_power_of_two(op, "x", size)
     s1 = _check_companion(op, "s1", s1, x, (size,))
     s2 = _check_companion(op, "s2", s2, x, (size,))
-    if use_compiled_kernels(x):
+    if use_compiled_kernels(x) or use_gpu_kernels(x):
         return torch.ops.pyro_whvi.whvi_design(x, s1, s2)
     return reference.whvi_design(x, s1, s2)
 
@@ -108,6 +108,6 @@ def fastfood(x: Tensor, signs: Tensor, permutation: Tensor, gaussian: Tensor, sc
         raise ValueError(f"{op}: permutation must be an int64 tensor of shape {shape}.")
     if permutation.numel() and (int(permutation.min()) < 0 or int(permutation.max()) >= size):
         raise ValueError(f"{op}: permutation entries must lie in [0, {size}).")
-    if use_compiled_kernels(x):
+    if use_compiled_kernels(x) or use_gpu_kernels(x):
         return torch.ops.pyro_whvi.fastfood(x, signs, permutation, gaussian, scale)
     return reference.fastfood(x, signs, permutation, gaussian, scale)

@@ -33,17 +33,30 @@ from . import reference
 
 __all__ = [
     "KERNELS",
+    "fastfood",
+    "fastfood_transpose",
     "fwht",
     "kernels",
     "register",
     "resource_usage",
     "triton_available",
+    "whvi_design",
+    "whvi_design_backward",
+    "whvi_fourier_design_backward",
     "whvi_matvec",
     "whvi_matvec_backward",
 ]
 
 #: The kernels of ``cuda/triton/kernels.py``.
-KERNELS = ("fwht_kernel", "whvi_matvec_kernel", "whvi_matvec_backward_kernel")
+KERNELS = (
+    "fwht_kernel",
+    "whvi_matvec_kernel",
+    "whvi_matvec_backward_kernel",
+    "fastfood_kernel",
+    "fastfood_transpose_kernel",
+    "whvi_design_kernel",
+    "whvi_design_backward_kernel",
+)
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -164,11 +177,88 @@ def whvi_matvec_backward(
     return grads[0], grads[1], grads[2], grads[3]
 
 
+def _design_args(size: int, dtype: torch.dtype) -> dict:
+    return {"D": size, "LOG_D": size.bit_length() - 1, "COMPUTE": _compute_type(dtype), "num_warps": 4}
+
+
+def whvi_design(x: Tensor, s1: Tensor, s2: Tensor) -> Tensor:
+    """:func:`pyro_whvi.ops.whvi_design`: one gather and one transform per matrix, in one Triton kernel."""
+    module, size = kernels(), x.shape[-1]
+    if module is None or x.dtype not in _DTYPES or size > module.MAX_DESIGN_SIZE:
+        return reference.whvi_design(x, s1, s2).contiguous()
+    matrices = x.reshape(-1, size, size).contiguous()
+    out = torch.empty(matrices.shape[:-1], dtype=x.dtype, device=x.device)
+    if matrices.shape[0]:
+        module.whvi_design_kernel[(matrices.shape[0],)](
+            matrices, s1.contiguous(), s2.contiguous(), out, 1.0 / size, **_design_args(size, x.dtype)
+        )
+    return out.reshape(x.shape[:-1])
+
+
+def whvi_design_backward(grad: Tensor, x: Tensor, s1: Tensor, s2: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Vector-Jacobian products of :func:`whvi_design`; the per-matrix ``Q`` is summed here."""
+    module, size = kernels(), x.shape[-1]
+    if module is None or x.dtype not in _DTYPES or size > module.MAX_DESIGN_SIZE:
+        return tuple(t.contiguous() for t in reference.whvi_design_backward(grad, x, s1, s2))  # type: ignore[return-value]
+    matrices = x.reshape(-1, size, size).contiguous()
+    grad_x, products = torch.empty_like(matrices), torch.empty_like(matrices)
+    if matrices.shape[0]:
+        module.whvi_design_backward_kernel[(matrices.shape[0],)](
+            grad.reshape(-1, size).contiguous(), matrices, s1.contiguous(), s2.contiguous(), grad_x, products,
+            1.0 / size, **_design_args(size, x.dtype),
+        )  # fmt: skip
+    q = products.sum(0)
+    return grad_x.reshape(x.shape), q @ s2, s1 @ q
+
+
+def whvi_fourier_design_backward(
+    grad: Tensor, features: Tensor, s1: Tensor, s2: Tensor
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The RF-WHVI Fourier-design backward: the reference's algebra around :func:`whvi_design_backward`."""
+    parts = reference.whvi_fourier_design_backward(grad, features, s1, s2, design_backward=whvi_design_backward)
+    return tuple(t.contiguous() for t in parts)  # type: ignore[return-value]
+
+
+def fastfood(x: Tensor, signs: Tensor, permutation: Tensor, gaussian: Tensor, scale: Tensor) -> Tensor:
+    """:func:`pyro_whvi.ops.fastfood`: both transforms, the permutation and the scalings in one kernel."""
+    module, size, blocks = kernels(), x.shape[-1], signs.shape[0]
+    if module is None or x.dtype not in _DTYPES or size > module.MAX_FASTFOOD_SIZE:
+        return reference.fastfood(x, signs, permutation, gaussian, scale).contiguous()
+    rows = x.reshape(-1, size).contiguous()
+    out = torch.empty((*x.shape[:-1], blocks, size), dtype=x.dtype, device=x.device)
+    tables = [t.contiguous() for t in (signs, permutation, gaussian, scale)]
+    if out.numel():
+        _launch("fastfood_kernel", module, rows.shape[0] * blocks, size, rows, *tables, out, blocks, scale=size**-0.5)
+    return out
+
+
+def fastfood_transpose(grad: Tensor, signs: Tensor, permutation: Tensor, gaussian: Tensor, scale: Tensor) -> Tensor:
+    """The adjoint of :func:`fastfood`: each block's row in one kernel (the inverse permutation gathers),
+    summed over the blocks here."""
+    module, size, blocks = kernels(), grad.shape[-1], signs.shape[0]
+    if module is None or grad.dtype not in _DTYPES or size > module.MAX_FASTFOOD_SIZE:
+        return reference.fastfood_transpose(grad, signs, permutation, gaussian, scale).contiguous()
+    rows = grad.reshape(-1, size).contiguous()
+    parts = torch.empty_like(rows)
+    inverse = torch.argsort(permutation, dim=-1)
+    tables = [t.contiguous() for t in (signs, inverse, gaussian, scale)]
+    if rows.numel():
+        _launch(
+            "fastfood_transpose_kernel", module, rows.shape[0], size, rows, *tables, parts, blocks, scale=size**-0.5
+        )
+    return parts.reshape(grad.shape).sum(-2)
+
+
 def register(library: torch.library.Library) -> None:
     """Make the Triton launchers the ``CUDA`` kernels of ``library``'s operators (imports nothing yet)."""
     library.impl("fwht", fwht, "CUDA")
     library.impl("whvi_matvec", whvi_matvec, "CUDA")
     library.impl("whvi_matvec_backward", whvi_matvec_backward, "CUDA")
+    library.impl("whvi_design", whvi_design, "CUDA")
+    library.impl("whvi_design_backward", whvi_design_backward, "CUDA")
+    library.impl("whvi_fourier_design_backward", whvi_fourier_design_backward, "CUDA")
+    library.impl("fastfood", fastfood, "CUDA")
+    library.impl("fastfood_transpose", fastfood_transpose, "CUDA")
 
 
 def resource_usage(kernel_name: str, size: int, dtype: torch.dtype, arch: int = 90) -> dict[str, int]:
@@ -176,7 +266,7 @@ def resource_usage(kernel_name: str, size: int, dtype: torch.dtype, arch: int = 
 
     Compiles with ``triton.compile`` for a CUDA target and reads ``ptxas -v`` (the assembler Triton ships).
 
-    :returns: ``{"registers": ..., "spill_bytes": ..., "warps": ...}``.
+    :returns: ``{"registers": ..., "spill_bytes": ..., "shared_bytes": ..., "warps": ...}``.
     """
     import os
     import re
@@ -198,15 +288,19 @@ def resource_usage(kernel_name: str, size: int, dtype: torch.dtype, arch: int = 
         "LOG_D": size.bit_length() - 1,
         "COMPUTE": _compute_type(dtype),
     }
+    constants = {name: value for name, value in constants.items() if name in function.arg_names}
 
     def kind(name: str) -> str:
-        scalars = {"n_rows": "i32", "scale": "fp32", **dict.fromkeys(constants, "constexpr")}
+        scalars = {"n_rows": "i32", "n_blocks": "i32", "scale": "fp32", "norm": "fp32"}
+        if name in constants:
+            return "constexpr"
         if name in scalars:
             return scalars[name]
-        return "*i64" if name.endswith("_rows") else f"*{element}"  # row-offset tables, else data
+        integer = name.endswith("_rows") or name in ("permutation_ptr", "inverse_ptr")  # index tables
+        return "*i64" if integer else f"*{element}"
 
     signature = {name: kind(name) for name in function.arg_names}
-    warps = module.num_warps(kernel_name, size)
+    warps = module.num_warps(kernel_name, size) if "ROWS" in constants else 4
     source = ASTSource(fn=function, signature=signature, constexprs=constants)
     compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32), options={"num_warps": warps})
     binaries = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
@@ -222,4 +316,5 @@ def resource_usage(kernel_name: str, size: int, dtype: torch.dtype, arch: int = 
     if report.returncode or used is None:
         raise RuntimeError(f"ptxas failed on {kernel_name} (D={size}, {dtype}, sm_{arch}): {report.stderr[-500:]}")
     spills = sum(int(count) for count in re.findall(r"(\d+) bytes spill", report.stderr))
-    return {"registers": int(used.group(1)), "spill_bytes": spills, "warps": warps}
+    shared = int(getattr(compiled.metadata, "shared", 0))
+    return {"registers": int(used.group(1)), "spill_bytes": spills, "shared_bytes": shared, "warps": warps}
