@@ -83,3 +83,19 @@ def test_structured_guides_evaluate_the_elbo_on_the_models_device(name):
     assert parameters and all(p.device == META and p.grad is not None for _, p in parameters), [
         n for n, p in parameters if p.device != META or p.grad is None
     ]
+
+
+@pytest.mark.parametrize("posterior", ["whvi", "gaussian"])
+@pytest.mark.parametrize("projection", ["dense", "fastfood", "sorf"])
+def test_random_feature_gps_stay_on_the_inputs_device(projection, posterior):
+    """Features, posterior and KL on ``meta`` (GPyTorch's own likelihood reads values, so it is left out)."""
+    from pyro_whvi.gp import RandomFeatureGP, RandomFeatureKernel
+
+    kernel = RandomFeatureKernel(num_samples=128, projection=projection, ard_num_dims=3)
+    model = RandomFeatureGP(kernel, posterior=posterior, covariance="diagonal").to(META)
+    output = model(torch.randn(16, 3, device=META))
+    loss = output.mean.sum() + output.lazy_covariance_matrix.diagonal().sum()
+    loss = loss + model.variational_strategy.kl_divergence()
+    loss.backward()
+    assert loss.device == META
+    assert all(p.device == META and (p.grad is None or p.grad.device == META) for p in model.parameters())

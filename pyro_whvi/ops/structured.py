@@ -106,7 +106,10 @@ def fastfood(x: Tensor, signs: Tensor, permutation: Tensor, gaussian: Tensor, sc
             raise ValueError(f"{op}: {name} is a fixed random tensor and gets no gradient; pass it detached.")
     if not isinstance(permutation, Tensor) or permutation.dtype != torch.int64 or tuple(permutation.shape) != shape:
         raise ValueError(f"{op}: permutation must be an int64 tensor of shape {shape}.")
-    if permutation.numel() and (int(permutation.min()) < 0 or int(permutation.max()) >= size):
+    # The range check reads values: on the CPU only (on a GPU it would synchronize every call; the
+    # permutation is a fixed buffer, checked where it was made).
+    on_cpu = permutation.device.type == "cpu"
+    if on_cpu and permutation.numel() and (int(permutation.min()) < 0 or int(permutation.max()) >= size):
         raise ValueError(f"{op}: permutation entries must lie in [0, {size}).")
     if use_compiled_kernels(x) or use_gpu_kernels(x):
         return torch.ops.pyro_whvi.fastfood(x, signs, permutation, gaussian, scale)
