@@ -97,6 +97,25 @@ for dtype in (torch.float32, torch.float64):
         close(got, want, dtype, "fourier design backward")
 assert set(launched) == {"fastfood_kernel", "fastfood_transpose_kernel"}, launched
 
+# Rows above the fused kernels' sizes: Fastfood's transforms in Triton around a PyTorch gather; the
+# product and its gradient on every size class (one row each, the interpreter is slow).
+launched.clear()
+size = 2048
+signs = (torch.randint(0, 2, (2, size)) * 2 - 1).double()
+permutation = torch.argsort(torch.rand(2, size), dim=-1)
+gaussian, scale = torch.randn(2, 2, size, dtype=torch.float64).unbind(0)
+x = torch.randn(1, size, dtype=torch.float64)
+close(tb.fastfood(x, signs, permutation, gaussian, scale),
+      reference.fastfood(x, signs, permutation, gaussian, scale), torch.float64, "large fastfood")  # fmt: skip
+assert launched == ["fwht_kernel", "fwht_kernel"], launched
+for size in (2, 8, 512, 4096, 8192, 32768):
+    for dtype in (torch.float32, torch.float64):
+        x, s1, g, s2, grad = (torch.randn(1, size, dtype=dtype) for _ in range(5))
+        close(tb.whvi_matvec(x, s1, g, s2), reference.whvi_matvec(x, s1, g, s2), dtype, ("matvec", size))
+        for got, want in zip(tb.whvi_matvec_backward(grad, x, s1, g, s2),
+                             reference.whvi_matvec_backward(grad, x, s1, g, s2)):  # fmt: skip
+            close(got, want, dtype, ("matvec backward", size))
+
 # Against scipy's Hadamard matrix and the C++ CPU kernels on the same inputs.
 import scipy.linalg
 from pyro_whvi import ops

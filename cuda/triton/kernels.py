@@ -39,6 +39,19 @@ def _hadamard(x, ROWS: tl.constexpr, D: tl.constexpr, LOG_D: tl.constexpr):
 
 
 @triton.jit
+def _norm(D: tl.constexpr, POWER: tl.constexpr, COMPUTE: tl.constexpr):
+    """``D^(-POWER / 2)`` in the compute type (``D^(-1/2)`` is not exact in float32 when ``log2 D`` is odd, so a
+    float32 argument would cost float64 its precision)."""
+    size = tl.full((1, 1), D, COMPUTE)
+    if POWER == 0:
+        return tl.full((1, 1), 1.0, COMPUTE)
+    elif POWER == 1:
+        return 1.0 / tl.sqrt(size)
+    else:
+        return 1.0 / size
+
+
+@triton.jit
 def _load_rows(ptr, row_offsets_ptr, rows, mask, D: tl.constexpr, COMPUTE: tl.constexpr):
     """Rows ``row_offsets[rows]`` of a contiguous ``(n, D)`` tensor, in the compute type."""
     offsets = tl.load(row_offsets_ptr + rows, mask=mask, other=0).to(tl.int64)
@@ -63,34 +76,42 @@ def _store_rows(ptr, value, rows, mask, D: tl.constexpr):
 
 @triton.jit
 def fwht_kernel(
-    x_ptr, y_ptr, n_rows, scale, ROWS: tl.constexpr, D: tl.constexpr, LOG_D: tl.constexpr, COMPUTE: tl.constexpr
+    x_ptr,
+    y_ptr,
+    n_rows,
+    ROWS: tl.constexpr,
+    D: tl.constexpr,
+    LOG_D: tl.constexpr,
+    COMPUTE: tl.constexpr,
+    POWER: tl.constexpr,
 ):
-    """``y = scale * H x`` row by row; ``x`` and ``y`` contiguous ``(n_rows, D)``."""
+    """``y = D^(-POWER/2) H x`` row by row (``POWER`` 1: orthonormal, 0: ``±1``); contiguous ``(n_rows, D)``."""
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     mask = rows < n_rows
     x = _load_own_rows(x_ptr, rows, mask, D, COMPUTE)
-    _store_rows(y_ptr, _hadamard(x, ROWS, D, LOG_D) * scale, rows, mask, D)
+    _store_rows(y_ptr, _hadamard(x, ROWS, D, LOG_D) * _norm(D, POWER, COMPUTE), rows, mask, D)
 
 
 @triton.jit
 def whvi_matvec_kernel(
-    x_ptr, x_rows, s1_ptr, s1_rows, g_ptr, g_rows, s2_ptr, s2_rows, y_ptr, n_rows, scale,
+    x_ptr, x_rows, s1_ptr, s1_rows, g_ptr, g_rows, s2_ptr, s2_rows, y_ptr, n_rows,
     ROWS: tl.constexpr, D: tl.constexpr, LOG_D: tl.constexpr, COMPUTE: tl.constexpr,
 ):  # fmt: skip
-    r"""``y = s1 * H(g * H(s2 * x))`` with the orthonormal ``H`` (``scale = 1 / D``): both transforms and the
+    r"""``y = s1 * H(g * H(s2 * x))`` with the orthonormal ``H`` (``1 / D`` in all): both transforms and the
     three diagonal scalings in one pass over the data."""
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     mask = rows < n_rows
     x = _load_rows(x_ptr, x_rows, rows, mask, D, COMPUTE)
     u = _hadamard(_load_rows(s2_ptr, s2_rows, rows, mask, D, COMPUTE) * x, ROWS, D, LOG_D)
     v = _hadamard(_load_rows(g_ptr, g_rows, rows, mask, D, COMPUTE) * u, ROWS, D, LOG_D)
-    _store_rows(y_ptr, _load_rows(s1_ptr, s1_rows, rows, mask, D, COMPUTE) * v * scale, rows, mask, D)
+    s1 = _load_rows(s1_ptr, s1_rows, rows, mask, D, COMPUTE)
+    _store_rows(y_ptr, s1 * v * _norm(D, 2, COMPUTE), rows, mask, D)
 
 
 @triton.jit
 def whvi_matvec_backward_kernel(
     grad_ptr, x_ptr, x_rows, s1_ptr, s1_rows, g_ptr, g_rows, s2_ptr, s2_rows,
-    grad_x_ptr, grad_s1_ptr, grad_g_ptr, grad_s2_ptr, n_rows, scale,
+    grad_x_ptr, grad_s1_ptr, grad_g_ptr, grad_s2_ptr, n_rows,
     ROWS: tl.constexpr, D: tl.constexpr, LOG_D: tl.constexpr, COMPUTE: tl.constexpr,
 ):  # fmt: skip
     r"""Per-row vector-Jacobian products of :func:`whvi_matvec_kernel` (the host sums broadcast rows).
@@ -101,7 +122,7 @@ def whvi_matvec_backward_kernel(
     """
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     mask = rows < n_rows
-    root = tl.sqrt(scale)  # D^(-1/2): one orthonormal transform
+    root = _norm(D, 1, COMPUTE)  # D^(-1/2): one orthonormal transform
     # Ordered so that at most three rows are live at a time (x and s2 are read twice rather than kept):
     # at D = 8192 keeping all nine spilled registers.
     x = _load_rows(x_ptr, x_rows, rows, mask, D, COMPUTE)
@@ -119,7 +140,7 @@ def whvi_matvec_backward_kernel(
 
 @triton.jit
 def fastfood_kernel(
-    x_ptr, signs_ptr, permutation_ptr, gaussian_ptr, scale_ptr, y_ptr, n_blocks, n_rows, norm,
+    x_ptr, signs_ptr, permutation_ptr, gaussian_ptr, scale_ptr, y_ptr, n_blocks, n_rows,
     ROWS: tl.constexpr, D: tl.constexpr, LOG_D: tl.constexpr, COMPUTE: tl.constexpr,
 ):  # fmt: skip
     """Row ``r = n * B + b`` of ``y``: ``scale_b * H(gaussian_b * Pi_b H(signs_b * x_n))`` (orthonormal ``H``)."""
@@ -131,6 +152,7 @@ def fastfood_kernel(
     m2 = mask[:, None]
     x = tl.load(x_ptr + example[:, None] * D + columns[None, :], mask=m2, other=0.0).to(COMPUTE)
     signs = tl.load(signs_ptr + block[:, None] * D + columns[None, :], mask=m2, other=0.0).to(COMPUTE)
+    norm = _norm(D, 1, COMPUTE)
     h = _hadamard(x * signs, ROWS, D, LOG_D) * norm
     permutation = tl.load(permutation_ptr + block[:, None] * D + columns[None, :], mask=m2, other=0)
     h = tl.gather(h, permutation.to(tl.int32), 1)
@@ -142,7 +164,7 @@ def fastfood_kernel(
 
 @triton.jit
 def fastfood_transpose_kernel(
-    grad_ptr, signs_ptr, inverse_ptr, gaussian_ptr, scale_ptr, y_ptr, n_blocks, n_rows, norm,
+    grad_ptr, signs_ptr, inverse_ptr, gaussian_ptr, scale_ptr, y_ptr, n_blocks, n_rows,
     ROWS: tl.constexpr, D: tl.constexpr, LOG_D: tl.constexpr, COMPUTE: tl.constexpr,
 ):  # fmt: skip
     """Row ``r = n * B + b``: ``signs_b * H(Pi_b^T (gaussian_b * H(scale_b * grad_nb)))``; the host sums over ``b``."""
@@ -156,6 +178,7 @@ def fastfood_transpose_kernel(
     grad = tl.load(grad_ptr + own, mask=m2, other=0.0).to(COMPUTE)
     scale = tl.load(scale_ptr + per_block, mask=m2, other=0.0).to(COMPUTE)
     gaussian = tl.load(gaussian_ptr + per_block, mask=m2, other=0.0).to(COMPUTE)
+    norm = _norm(D, 1, COMPUTE)
     t = _hadamard(grad * scale, ROWS, D, LOG_D) * norm * gaussian
     inverse = tl.load(inverse_ptr + per_block, mask=m2, other=0)
     u = tl.gather(t, inverse.to(tl.int32), 1)  # the transpose of a permutation is its inverse
@@ -164,7 +187,7 @@ def fastfood_transpose_kernel(
 
 
 @triton.jit
-def whvi_design_kernel(x_ptr, s1_ptr, s2_ptr, y_ptr, norm, D: tl.constexpr, LOG_D: tl.constexpr, COMPUTE: tl.constexpr):
+def whvi_design_kernel(x_ptr, s1_ptr, s2_ptr, y_ptr, D: tl.constexpr, LOG_D: tl.constexpr, COMPUTE: tl.constexpr):
     """Matrix ``m``: ``y = D^(-1) H c`` (unnormalized ``H``), ``c_l = sum_i s1_i s2_(i^l) X_(i, i^l)``.
 
     One gather (the ``D x D`` tile read along ``i ^ l``) and one transform."""
@@ -176,7 +199,7 @@ def whvi_design_kernel(x_ptr, s1_ptr, s2_ptr, y_ptr, norm, D: tl.constexpr, LOG_
     s1 = tl.load(s1_ptr + i).to(COMPUTE)
     s2 = tl.load(s2_ptr + column).to(COMPUTE)
     c = tl.reshape(tl.sum(x * s1 * s2, axis=1), (1, D))
-    y = _hadamard(c, 1, D, LOG_D) * norm
+    y = _hadamard(c, 1, D, LOG_D) * _norm(D, 2, COMPUTE)
     tl.store(y_ptr + matrix * D + tl.arange(0, D)[None, :], y.to(y_ptr.dtype.element_ty))
 
 
@@ -188,16 +211,15 @@ def whvi_design_backward_kernel(
     s2_ptr,
     grad_x_ptr,
     q_ptr,
-    norm,
     D: tl.constexpr,
     LOG_D: tl.constexpr,
     COMPUTE: tl.constexpr,
 ):
-    """Matrix ``m``: ``z = D^(-1/2) H grad_m``, ``grad_X_ij = s1_i s2_j z_(i^j)`` and ``Q_m = X_m * z_(i^j)``
-    (the host sums ``Q`` over the matrices: ``grad_s1 = Q s2``, ``grad_s2 = Q^T s1``)."""
+    """Matrix ``m``: ``z = D^(-1) H grad_m`` (unnormalized ``H``), ``grad_X_ij = s1_i s2_j z_(i^j)`` and
+    ``Q_m = X_m * z_(i^j)`` (the host sums ``Q`` over the matrices: ``grad_s1 = Q s2``, ``grad_s2 = Q^T s1``)."""
     matrix = tl.program_id(0).to(tl.int64)
     grad = tl.load(grad_ptr + matrix * D + tl.arange(0, D)[None, :]).to(COMPUTE)
-    z = _hadamard(grad, 1, D, LOG_D) * norm  # (1, D)
+    z = _hadamard(grad, 1, D, LOG_D) * _norm(D, 2, COMPUTE)  # (1, D)
     i = tl.arange(0, D)[:, None]
     j = tl.arange(0, D)[None, :]
     shifted = tl.gather(tl.broadcast_to(z, (D, D)), (i ^ j).to(tl.int32), 1)  # z[i ^ j]

@@ -145,19 +145,23 @@ def whvi_fourier_design_backward(
     return cos * dsin - sin * dcos, ds1, ds2, (features * dfeatures).sum(-1)
 
 
-def fastfood(x: Tensor, signs: Tensor, permutation: Tensor, gaussian: Tensor, scale: Tensor) -> Tensor:
+def fastfood(x: Tensor, signs: Tensor, permutation: Tensor, gaussian: Tensor, scale: Tensor, transform=None) -> Tensor:
     r"""Fastfood blocks :math:`\text{scale}_b \odot H(\text{gaussian}_b \odot \Pi_b H(\text{signs}_b \odot x))`.
 
     :param x: ``(..., P)``; the other arguments ``(B, P)``, ``(\Pi_b h)_i = h_{\text{permutation}_{bi}}``.
     :returns: ``(..., B, P)``.
     """
-    h = fwht(x.unsqueeze(-2) * signs)
+    transform = transform or fwht  # the GPU kernels pass their own transform
+    h = transform(x.unsqueeze(-2) * signs)
     h = torch.take_along_dim(h, permutation.expand(h.shape), dim=-1)
-    return fwht(h * gaussian) * scale
+    return transform(h * gaussian) * scale
 
 
-def fastfood_transpose(grad: Tensor, signs: Tensor, permutation: Tensor, gaussian: Tensor, scale: Tensor) -> Tensor:
+def fastfood_transpose(
+    grad: Tensor, signs: Tensor, permutation: Tensor, gaussian: Tensor, scale: Tensor, transform=None
+) -> Tensor:
     """The adjoint of :func:`fastfood`: ``(..., B, P)`` to ``(..., P)`` (a scatter-add undoes the gather)."""
-    t = fwht(grad * scale) * gaussian
+    transform = transform or fwht
+    t = transform(grad * scale) * gaussian
     u = torch.zeros_like(t).scatter_add(-1, permutation.expand(t.shape), t)
-    return (fwht(u) * signs).sum(-2)
+    return (transform(u) * signs).sum(-2)

@@ -87,17 +87,17 @@ def _compute_type(dtype: torch.dtype):
     return tl.float64 if dtype == torch.float64 else tl.float32
 
 
-def _launch(name: str, module: ModuleType, n_rows: int, size: int, *args, scale: float) -> None:
+def _launch(name: str, module: ModuleType, n_rows: int, size: int, *args, **constants) -> None:
     rows = module.rows_per_program(size, args[0].dtype == torch.float64)
     getattr(module, name)[(max(1, -(-n_rows // rows)),)](
         *args,
         n_rows,
-        scale,
         ROWS=rows,
         D=size,
         LOG_D=size.bit_length() - 1,
         COMPUTE=_compute_type(args[0].dtype),
         num_warps=module.num_warps(name, size),
+        **constants,
     )
 
 
@@ -130,7 +130,7 @@ def fwht(x: Tensor, normalized: bool = True) -> Tensor:
     rows = x.reshape(-1, size).contiguous()
     out = torch.empty_like(rows)
     if rows.numel():
-        _launch("fwht_kernel", module, rows.shape[0], size, rows, out, scale=size**-0.5 if normalized else 1.0)
+        _launch("fwht_kernel", module, rows.shape[0], size, rows, out, POWER=1 if normalized else 0)
     return out.reshape(x.shape)
 
 
@@ -145,7 +145,7 @@ def whvi_matvec(x: Tensor, s1: Tensor, g: Tensor, s2: Tensor) -> Tensor:
     out = torch.empty(shape, dtype=x.dtype, device=x.device)
     if out.numel():
         operands = [part for t in (x, s1, g, s2) for part in _rows(t, shape)]
-        _launch("whvi_matvec_kernel", module, n_rows, size, *operands, out, scale=1.0 / size)
+        _launch("whvi_matvec_kernel", module, n_rows, size, *operands, out)
     return out
 
 
@@ -169,7 +169,6 @@ def whvi_matvec_backward(
         operands = [part for t in (x, s1, g, s2) for part in _rows(t, shape)]
         _launch(
             "whvi_matvec_backward_kernel", module, n_rows, size, grad.contiguous(), *operands, *products,
-            scale=1.0 / size,
         )  # fmt: skip
     grads = [
         reference._sum_to_shape(product, like.shape).contiguous() for product, like in zip(products, (x, s1, g, s2))
@@ -190,7 +189,7 @@ def whvi_design(x: Tensor, s1: Tensor, s2: Tensor) -> Tensor:
     out = torch.empty(matrices.shape[:-1], dtype=x.dtype, device=x.device)
     if matrices.shape[0]:
         module.whvi_design_kernel[(matrices.shape[0],)](
-            matrices, s1.contiguous(), s2.contiguous(), out, 1.0 / size, **_design_args(size, x.dtype)
+            matrices, s1.contiguous(), s2.contiguous(), out, **_design_args(size, x.dtype)
         )
     return out.reshape(x.shape[:-1])
 
@@ -205,7 +204,7 @@ def whvi_design_backward(grad: Tensor, x: Tensor, s1: Tensor, s2: Tensor) -> tup
     if matrices.shape[0]:
         module.whvi_design_backward_kernel[(matrices.shape[0],)](
             grad.reshape(-1, size).contiguous(), matrices, s1.contiguous(), s2.contiguous(), grad_x, products,
-            1.0 / size, **_design_args(size, x.dtype),
+            **_design_args(size, x.dtype),
         )  # fmt: skip
     q = products.sum(0)
     return grad_x.reshape(x.shape), q @ s2, s1 @ q
@@ -222,13 +221,15 @@ def whvi_fourier_design_backward(
 def fastfood(x: Tensor, signs: Tensor, permutation: Tensor, gaussian: Tensor, scale: Tensor) -> Tensor:
     """:func:`pyro_whvi.ops.fastfood`: both transforms, the permutation and the scalings in one kernel."""
     module, size, blocks = kernels(), x.shape[-1], signs.shape[0]
-    if module is None or x.dtype not in _DTYPES or size > module.MAX_FASTFOOD_SIZE:
+    if module is None or x.dtype not in _DTYPES:
         return reference.fastfood(x, signs, permutation, gaussian, scale).contiguous()
+    if size > module.MAX_FASTFOOD_SIZE:  # the transforms in Triton, the permutation a PyTorch gather
+        return reference.fastfood(x, signs, permutation, gaussian, scale, transform=fwht).contiguous()
     rows = x.reshape(-1, size).contiguous()
     out = torch.empty((*x.shape[:-1], blocks, size), dtype=x.dtype, device=x.device)
     tables = [t.contiguous() for t in (signs, permutation, gaussian, scale)]
     if out.numel():
-        _launch("fastfood_kernel", module, rows.shape[0] * blocks, size, rows, *tables, out, blocks, scale=size**-0.5)
+        _launch("fastfood_kernel", module, rows.shape[0] * blocks, size, rows, *tables, out, blocks)
     return out
 
 
@@ -236,16 +237,16 @@ def fastfood_transpose(grad: Tensor, signs: Tensor, permutation: Tensor, gaussia
     """The adjoint of :func:`fastfood`: each block's row in one kernel (the inverse permutation gathers),
     summed over the blocks here."""
     module, size, blocks = kernels(), grad.shape[-1], signs.shape[0]
-    if module is None or grad.dtype not in _DTYPES or size > module.MAX_FASTFOOD_SIZE:
+    if module is None or grad.dtype not in _DTYPES:
         return reference.fastfood_transpose(grad, signs, permutation, gaussian, scale).contiguous()
+    if size > module.MAX_FASTFOOD_SIZE:
+        return reference.fastfood_transpose(grad, signs, permutation, gaussian, scale, transform=fwht).contiguous()
     rows = grad.reshape(-1, size).contiguous()
     parts = torch.empty_like(rows)
     inverse = torch.argsort(permutation, dim=-1)
     tables = [t.contiguous() for t in (signs, inverse, gaussian, scale)]
     if rows.numel():
-        _launch(
-            "fastfood_transpose_kernel", module, rows.shape[0], size, rows, *tables, parts, blocks, scale=size**-0.5
-        )
+        _launch("fastfood_transpose_kernel", module, rows.shape[0], size, rows, *tables, parts, blocks)
     return parts.reshape(grad.shape).sum(-2)
 
 
@@ -287,11 +288,12 @@ def resource_usage(kernel_name: str, size: int, dtype: torch.dtype, arch: int = 
         "D": size,
         "LOG_D": size.bit_length() - 1,
         "COMPUTE": _compute_type(dtype),
+        "POWER": 1,
     }
     constants = {name: value for name, value in constants.items() if name in function.arg_names}
 
     def kind(name: str) -> str:
-        scalars = {"n_rows": "i32", "n_blocks": "i32", "scale": "fp32", "norm": "fp32"}
+        scalars = {"n_rows": "i32", "n_blocks": "i32"}
         if name in constants:
             return "constexpr"
         if name in scalars:
