@@ -7,6 +7,9 @@ raises here exactly where it would put work on the CPU, or fail, on a GPU.
 
 from __future__ import annotations
 
+import os
+import sys
+
 import pyro
 import pytest
 import torch
@@ -99,3 +102,50 @@ def test_random_feature_gps_stay_on_the_inputs_device(projection, posterior):
     loss.backward()
     assert loss.device == META
     assert all(p.device == META and (p.grad is None or p.grad.device == META) for p in model.parameters())
+
+
+_FACTORIES = {torch.zeros, torch.ones, torch.empty, torch.full, torch.randn, torch.rand, torch.randint, torch.arange}
+_FACTORIES |= {torch.eye, torch.tensor, torch.linspace, torch.as_tensor, torch.randperm, torch.normal}
+
+
+class _DeviceAudit(torch.overrides.TorchFunctionMode):
+    """Records tensor factories called from library code without ``device=`` (they make CPU tensors)."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls: set[str] = set()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in _FACTORIES and "device" not in kwargs:
+            caller = sys._getframe(1)
+            name = caller.f_code.co_filename
+            if f"{os.sep}pyro_whvi{os.sep}" in name and f"{os.sep}tests{os.sep}" not in name:
+                self.calls.add(f"{name.split('pyro_whvi' + os.sep, 1)[-1]}:{caller.f_lineno} {func.__name__}")
+        return func(*args, **kwargs)
+
+
+def test_iblm_svgp_and_methods_make_no_tensor_without_a_device():
+    """The paths that read values (so cannot run on ``meta``) audited on the CPU instead: every tensor
+    they create takes its device from the data (a factory without ``device=`` would land on the CPU)."""
+    from pyro.infer.autoguide import AutoNormal
+
+    from pyro_whvi import iblm_, methods
+    from pyro_whvi.baselines import GPyTorchSVGP
+    from pyro_whvi.gp import GPSchedule
+
+    x, y = torch.randn(64, 5), torch.randn(64)
+    audit = _DeviceAudit()
+    for make_guide in (AutoWHVIGuide, AutoVSDGuide, AutoNormal):
+        pyro.clear_param_store()
+        model = BayesianMLP([5, 16, 1])  # built on the CPU, as modules are; .to() would move it
+        guide = make_guide(model)
+        with audit:
+            guide(x, y)
+            iblm_(guide, (x, y))
+    pyro.clear_param_store()
+    model, guide = methods.build_method("whvi", [5, 16, 1])
+    with audit:
+        methods.fit("whvi", model, guide, x, y, methods.Schedule(steps=3, fixed_noise_steps=1), progress=False)
+        GPyTorchSVGP(x[:8].clone()).fit(x, y, GPSchedule(steps=3, fixed_noise_steps=1), progress=False)
+    assert not audit.calls, sorted(audit.calls)

@@ -56,7 +56,7 @@ class BatchStream:
         """``count`` minibatches of ``batch_size`` examples, concatenated."""
         if self.tensors is not None:
             x, y = self.tensors
-            index = torch.cat([torch.randperm(x.shape[0])[: self.batch_size] for _ in range(count)])
+            index = torch.cat([torch.randperm(x.shape[0], device=x.device)[: self.batch_size] for _ in range(count)])
             return x[index], y[index]
         batches: list[tuple[Tensor, Tensor]] = []
         while len(batches) < count:

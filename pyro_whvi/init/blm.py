@@ -209,7 +209,8 @@ def evidence_hyperparameters(
             value = float(stats.log_marginal(num, factor * prior, noise).sum())
             if value > best_value:
                 best, best_value = (noise, factor), value
-    return (best[0] if noise_variance is None else torch.as_tensor(noise_variance)), best[1]
+    given = torch.as_tensor(noise_variance, device=targets.device) if noise_variance is not None else None
+    return (best[0] if given is None else given), best[1]
 
 
 def dirichlet_label_transform(labels: Tensor, num_classes: int, alpha: float = 0.01) -> tuple[Tensor, Tensor]:

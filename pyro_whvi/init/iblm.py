@@ -124,7 +124,7 @@ def _hyperparameters(inputs, targets, noise, prior_loc, prior_var, settings, hid
         return noise_variance, 1.0
     units = slice(0, EVIDENCE_UNITS)
     offset = (inputs[units] @ prior_loc[units].unsqueeze(-1)).squeeze(-1)  # the prior mean's prediction
-    factors = torch.tensor(PRIOR_FACTORS) if search_prior else None
+    factors = torch.tensor(PRIOR_FACTORS, dtype=inputs.dtype, device=inputs.device) if search_prior else None
     fixed = noise[units] if noise is not None else noise_variance
     best_noise, factor = evidence_hyperparameters(
         inputs[units], targets[units] - offset, prior_var[units], fixed, factors
@@ -200,13 +200,17 @@ def _fit_layer(guide, layer, likelihood, stream, is_output, settings, bar) -> La
         if layer.bias_site is not None:
             inputs = torch.cat([inputs, inputs.new_ones(count, rows, 1)], -1)
         targets, hetero = _targets(likelihood, y, settings["alpha"], like)
-        columns = torch.arange(units.start, units.stop) if is_output else torch.randint(0, targets.shape[-1], (count,))
-        pick, repeat = torch.arange(count), probe.shape[1]
+        device = targets.device
+        if is_output:
+            columns = torch.arange(units.start, units.stop, device=device)
+        else:
+            columns = torch.randint(0, targets.shape[-1], (count,), device=device)
+        pick, repeat = torch.arange(count, device=device), probe.shape[1]
         t = targets.reshape(count, batch, -1)[pick, :, columns].repeat_interleave(repeat, -1)
         noise = None  # hidden units: a homoscedastic regression on the standardized label column
         if hidden:
             spread = t.std(-1, keepdim=True).clamp_min(1e-12)
-            signs = (torch.randint(0, 2, (count, 1)) * 2 - 1).to(t)
+            signs = (torch.randint(0, 2, (count, 1), device=t.device) * 2 - 1).to(t)
             t = (t - t.mean(-1, keepdim=True)) / spread * signs
         elif hetero is not None:
             noise = hetero.reshape(count, batch, -1)[pick, :, columns].repeat_interleave(repeat, -1)
@@ -215,7 +219,7 @@ def _fit_layer(guide, layer, likelihood, stream, is_output, settings, bar) -> La
         if hyper is None:
             hyper = _hyperparameters(inputs, t, noise, w_loc[units], w_var[units], settings, hidden)
         prior_var = hyper[1] * w_var[units]
-        noise_variance = torch.as_tensor(hyper[0] if noise is None else noise, dtype=t.dtype)
+        noise_variance = torch.as_tensor(hyper[0] if noise is None else noise, dtype=t.dtype, device=t.device)
         posterior = blm_posterior(inputs, t, noise_variance, prior_var, w_loc[units])
         likelihood_precision = posterior.precision - torch.diag_embed(1.0 / prior_var)
         rhs = (inputs.transpose(-1, -2) @ (t / noise_variance).unsqueeze(-1)).squeeze(-1)  # X^T L^-1 t
