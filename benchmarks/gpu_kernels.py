@@ -59,10 +59,9 @@ def static_table(sizes: list[int]) -> str:
     lines.append("|---|---|---|---|---|")
     for kernel in triton_backend.KERNELS:
         for size in sizes:
-            limit = module.MAX_DESIGN_SIZE if "design" in kernel else module.MAX_FASTFOOD_SIZE
             for dtype in (torch.float32, torch.bfloat16, torch.float64):
                 fused = module.max_fused_size(kernel, dtype == torch.float64)
-                if size > fused or (("design" in kernel or "fastfood" in kernel) and size > limit):
+                if size > fused or ("design" in kernel and size > module.MAX_DESIGN_SIZE):
                     continue
                 cells = []
                 for arch in (80, 90):

@@ -97,17 +97,20 @@ for dtype in (torch.float32, torch.float64):
         close(got, want, dtype, "fourier design backward")
 assert set(launched) == {"fastfood_kernel", "fastfood_transpose_kernel"}, launched
 
-# Rows above the fused kernels' sizes: Fastfood's transforms in Triton around a PyTorch gather; the
-# product and its gradient on every size class (one row each, the interpreter is slow).
-launched.clear()
-size = 2048
-signs = (torch.randint(0, 2, (2, size)) * 2 - 1).double()
-permutation = torch.argsort(torch.rand(2, size), dim=-1)
-gaussian, scale = torch.randn(2, 2, size, dtype=torch.float64).unbind(0)
-x = torch.randn(1, size, dtype=torch.float64)
-close(tb.fastfood(x, signs, permutation, gaussian, scale),
-      reference.fastfood(x, signs, permutation, gaussian, scale), torch.float64, "large fastfood")  # fmt: skip
-assert launched == ["fwht_kernel", "fwht_kernel"], launched
+# Fastfood above the register gather (the permutation through the output row's slot, one kernel), and
+# above the fused size (Triton transforms around a PyTorch gather); the product and its gradient on
+# every size class (one row each, the interpreter is slow).
+for size, kernels in ((2048, ["fastfood_kernel", "fastfood_transpose_kernel"]), (16384, ["fwht_kernel"] * 8)):
+    launched.clear()
+    signs = (torch.randint(0, 2, (2, size)) * 2 - 1).double()
+    permutation = torch.argsort(torch.rand(2, size), dim=-1)
+    gaussian, scale = torch.randn(2, 2, size, dtype=torch.float64).unbind(0)
+    x, grad = torch.randn(1, size, dtype=torch.float64), torch.randn(1, 2, size, dtype=torch.float64)
+    close(tb.fastfood(x, signs, permutation, gaussian, scale),
+          reference.fastfood(x, signs, permutation, gaussian, scale), torch.float64, ("fastfood", size))  # fmt: skip
+    expected = reference.fastfood_transpose(grad, signs, permutation, gaussian, scale)
+    close(tb.fastfood_transpose(grad, signs, permutation, gaussian, scale), expected, torch.float64, "transpose")
+    assert launched == kernels, (size, launched)
 for size in (2, 8, 512, 4096, 8192, 32768):
     for dtype in (torch.float32, torch.float64):
         x, s1, g, s2, grad = (torch.randn(1, size, dtype=dtype) for _ in range(5))
@@ -181,11 +184,9 @@ def test_kernels_compile_for_the_gpu_without_spilling(kernel, arch):
 
     kernel = f"{kernel}_kernel"
     module = triton_backend.kernels()
-    for size in (2, 128, 8192):
+    for size in (2, 128, 1024, 2048, 8192):  # Fastfood: register gather up to 1024, the scratch slot above
         for dtype in (torch.float32, torch.bfloat16, torch.float64):
             fused = module.max_fused_size(kernel, dtype == torch.float64)
-            if kernel.startswith("fastfood"):
-                fused = module.MAX_FASTFOOD_SIZE
             usage = triton_backend.resource_usage(kernel, min(size, fused), dtype, arch)
             assert usage["spill_bytes"] == 0, (kernel, size, dtype, arch, usage)
             assert usage["registers"] <= 255

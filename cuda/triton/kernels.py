@@ -23,9 +23,9 @@ import triton.language as tl
 MAX_FUSED_SIZE = 8192
 #: The largest ``D`` of :func:`whvi_design_kernel` (a ``D x D`` tile per program); larger matrices use the reference.
 MAX_DESIGN_SIZE = 64
-#: The largest ``P`` of the Fastfood kernels: their in-register permutation (``tl.gather``) compiles in
-#: about 3 s at 1024 and not within 5 minutes at 4096 (ptxas, sm_80); longer rows use the reference.
-MAX_FASTFOOD_SIZE = 1024
+#: Up to this ``P`` the Fastfood kernels permute in registers (``tl.gather``: about 3 s of ptxas at 1024,
+#: not done within 5 minutes at 4096); longer rows go through their own slot of the output buffer.
+GATHER_LIMIT = 1024
 
 
 @triton.jit
@@ -139,6 +139,21 @@ def whvi_matvec_backward_kernel(
 
 
 @triton.jit
+def _permute(value, index, scratch_ptr, rows, mask, D: tl.constexpr, COMPUTE: tl.constexpr):
+    """``value[r, index[r, i]]`` for every row: a register gather up to :data:`GATHER_LIMIT`, else through
+    the rows' own slots of ``scratch_ptr`` (store, barrier, gathered load, barrier: L2 traffic, no extra
+    kernel). The second barrier keeps the slots from being overwritten before every thread has read."""
+    if D <= 1024:  # GATHER_LIMIT (a constexpr comparison: one branch is compiled)
+        return tl.gather(value, index.to(tl.int32), 1)
+    base = rows.to(tl.int64)[:, None] * D
+    tl.store(scratch_ptr + base + tl.arange(0, D)[None, :], value.to(scratch_ptr.dtype.element_ty), mask=mask)
+    tl.debug_barrier()
+    permuted = tl.load(scratch_ptr + base + index, mask=mask, other=0.0).to(COMPUTE)
+    tl.debug_barrier()
+    return permuted
+
+
+@triton.jit
 def fastfood_kernel(
     x_ptr, signs_ptr, permutation_ptr, gaussian_ptr, scale_ptr, y_ptr, n_blocks, n_rows,
     ROWS: tl.constexpr, D: tl.constexpr, LOG_D: tl.constexpr, COMPUTE: tl.constexpr,
@@ -155,7 +170,7 @@ def fastfood_kernel(
     norm = _norm(D, 1, COMPUTE)
     h = _hadamard(x * signs, ROWS, D, LOG_D) * norm
     permutation = tl.load(permutation_ptr + block[:, None] * D + columns[None, :], mask=m2, other=0)
-    h = tl.gather(h, permutation.to(tl.int32), 1)
+    h = _permute(h, permutation, y_ptr, rows, m2, D, COMPUTE)
     gaussian = tl.load(gaussian_ptr + block[:, None] * D + columns[None, :], mask=m2, other=0.0).to(COMPUTE)
     scale = tl.load(scale_ptr + block[:, None] * D + columns[None, :], mask=m2, other=0.0).to(COMPUTE)
     y = _hadamard(h * gaussian, ROWS, D, LOG_D) * norm * scale
@@ -181,7 +196,7 @@ def fastfood_transpose_kernel(
     norm = _norm(D, 1, COMPUTE)
     t = _hadamard(grad * scale, ROWS, D, LOG_D) * norm * gaussian
     inverse = tl.load(inverse_ptr + per_block, mask=m2, other=0)
-    u = tl.gather(t, inverse.to(tl.int32), 1)  # the transpose of a permutation is its inverse
+    u = _permute(t, inverse, y_ptr, rows, m2, D, COMPUTE)  # the transpose of a permutation is its inverse
     signs = tl.load(signs_ptr + per_block, mask=m2, other=0.0).to(COMPUTE)
     tl.store(y_ptr + own, (_hadamard(u, ROWS, D, LOG_D) * norm * signs).to(y_ptr.dtype.element_ty), mask=m2)
 

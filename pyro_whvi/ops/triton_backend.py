@@ -223,7 +223,7 @@ def fastfood(x: Tensor, signs: Tensor, permutation: Tensor, gaussian: Tensor, sc
     module, size, blocks = kernels(), x.shape[-1], signs.shape[0]
     if module is None or x.dtype not in _DTYPES:
         return reference.fastfood(x, signs, permutation, gaussian, scale).contiguous()
-    if size > module.MAX_FASTFOOD_SIZE:  # the transforms in Triton, the permutation a PyTorch gather
+    if size > module.MAX_FUSED_SIZE:  # the transforms in Triton, the permutation a PyTorch gather
         return reference.fastfood(x, signs, permutation, gaussian, scale, transform=fwht).contiguous()
     rows = x.reshape(-1, size).contiguous()
     out = torch.empty((*x.shape[:-1], blocks, size), dtype=x.dtype, device=x.device)
@@ -239,7 +239,7 @@ def fastfood_transpose(grad: Tensor, signs: Tensor, permutation: Tensor, gaussia
     module, size, blocks = kernels(), grad.shape[-1], signs.shape[0]
     if module is None or grad.dtype not in _DTYPES:
         return reference.fastfood_transpose(grad, signs, permutation, gaussian, scale).contiguous()
-    if size > module.MAX_FASTFOOD_SIZE:
+    if size > module.MAX_FUSED_SIZE:
         return reference.fastfood_transpose(grad, signs, permutation, gaussian, scale, transform=fwht).contiguous()
     rows = grad.reshape(-1, size).contiguous()
     parts = torch.empty_like(rows)
