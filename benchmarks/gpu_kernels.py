@@ -61,7 +61,7 @@ def static_table(sizes: list[int]) -> str:
         for size in sizes:
             for dtype in (torch.float32, torch.bfloat16, torch.float64):
                 fused = module.max_fused_size(kernel, dtype == torch.float64)
-                if size > fused or ("design" in kernel and size > module.MAX_DESIGN_SIZE):
+                if size > fused:
                     continue
                 cells = []
                 for arch in (80, 90):

@@ -21,8 +21,6 @@ import triton.language as tl
 
 #: The largest ``D`` transformed in one program; longer rows are split into two passes (``H_{AB} = H_A \otimes H_B``).
 MAX_FUSED_SIZE = 8192
-#: The largest ``D`` of :func:`whvi_design_kernel` (a ``D x D`` tile per program); larger matrices use the reference.
-MAX_DESIGN_SIZE = 64
 #: Up to this ``P`` the Fastfood kernels permute in registers (``tl.gather``: about 3 s of ptxas at 1024,
 #: not done within 5 minutes at 4096); longer rows go through their own slot of the output buffer.
 GATHER_LIMIT = 1024
@@ -202,48 +200,62 @@ def fastfood_transpose_kernel(
 
 
 @triton.jit
-def whvi_design_kernel(x_ptr, s1_ptr, s2_ptr, y_ptr, D: tl.constexpr, LOG_D: tl.constexpr, COMPUTE: tl.constexpr):
+def whvi_design_kernel(
+    x_ptr, s1_ptr, s2_ptr, y_ptr, D: tl.constexpr, LOG_D: tl.constexpr, COMPUTE: tl.constexpr, CHUNK: tl.constexpr
+):
     """Matrix ``m``: ``y = D^(-1) H c`` (unnormalized ``H``), ``c_l = sum_i s1_i s2_(i^l) X_(i, i^l)``.
 
-    One gather (the ``D x D`` tile read along ``i ^ l``) and one transform."""
+    ``c`` is accumulated over chunks of ``CHUNK`` values of ``i`` (a ``D x CHUNK`` tile read along
+    ``i ^ l``), then transformed once."""
     matrix = tl.program_id(0).to(tl.int64)
     output = tl.arange(0, D)[:, None]  # l
-    i = tl.arange(0, D)[None, :]
-    column = i ^ output
-    x = tl.load(x_ptr + matrix * D * D + i * D + column).to(COMPUTE)
-    s1 = tl.load(s1_ptr + i).to(COMPUTE)
-    s2 = tl.load(s2_ptr + column).to(COMPUTE)
-    c = tl.reshape(tl.sum(x * s1 * s2, axis=1), (1, D))
-    y = _hadamard(c, 1, D, LOG_D) * _norm(D, 2, COMPUTE)
+    c = tl.zeros((D,), COMPUTE)
+    for start in range(0, D, CHUNK):
+        i = start + tl.arange(0, CHUNK)[None, :]
+        column = i ^ output
+        x = tl.load(x_ptr + matrix * D * D + i * D + column).to(COMPUTE)
+        s1 = tl.load(s1_ptr + i).to(COMPUTE)
+        s2 = tl.load(s2_ptr + column).to(COMPUTE)
+        c += tl.sum(x * s1 * s2, axis=1)
+    y = _hadamard(tl.reshape(c, (1, D)), 1, D, LOG_D) * _norm(D, 2, COMPUTE)
     tl.store(y_ptr + matrix * D + tl.arange(0, D)[None, :], y.to(y_ptr.dtype.element_ty))
 
 
 @triton.jit
 def whvi_design_backward_kernel(
-    grad_ptr,
-    x_ptr,
-    s1_ptr,
-    s2_ptr,
-    grad_x_ptr,
-    q_ptr,
-    D: tl.constexpr,
-    LOG_D: tl.constexpr,
-    COMPUTE: tl.constexpr,
-):
+    grad_ptr, x_ptr, s1_ptr, s2_ptr, z_ptr, grad_x_ptr, q_ptr,
+    D: tl.constexpr, LOG_D: tl.constexpr, COMPUTE: tl.constexpr, CHUNK: tl.constexpr,
+):  # fmt: skip
     """Matrix ``m``: ``z = D^(-1) H grad_m`` (unnormalized ``H``), ``grad_X_ij = s1_i s2_j z_(i^j)`` and
-    ``Q_m = X_m * z_(i^j)`` (the host sums ``Q`` over the matrices: ``grad_s1 = Q s2``, ``grad_s2 = Q^T s1``)."""
+    ``Q_m = X_m * z_(i^j)`` (the host sums ``Q`` over the matrices: ``grad_s1 = Q s2``, ``grad_s2 = Q^T s1``).
+
+    ``z`` goes through its row of ``z_ptr`` (store, barrier) so that chunks of ``CHUNK`` rows ``i`` read
+    ``z_(i^j)`` with a gathered load."""
     matrix = tl.program_id(0).to(tl.int64)
-    grad = tl.load(grad_ptr + matrix * D + tl.arange(0, D)[None, :]).to(COMPUTE)
+    columns = tl.arange(0, D)[None, :]
+    grad = tl.load(grad_ptr + matrix * D + columns).to(COMPUTE)
     z = _hadamard(grad, 1, D, LOG_D) * _norm(D, 2, COMPUTE)  # (1, D)
-    i = tl.arange(0, D)[:, None]
-    j = tl.arange(0, D)[None, :]
-    shifted = tl.gather(tl.broadcast_to(z, (D, D)), (i ^ j).to(tl.int32), 1)  # z[i ^ j]
-    s1 = tl.load(s1_ptr + i).to(COMPUTE)
-    s2 = tl.load(s2_ptr + j).to(COMPUTE)
-    offsets = matrix * D * D + i * D + j
-    x = tl.load(x_ptr + offsets).to(COMPUTE)
-    tl.store(grad_x_ptr + offsets, (s1 * s2 * shifted).to(grad_x_ptr.dtype.element_ty))
-    tl.store(q_ptr + offsets, (x * shifted).to(q_ptr.dtype.element_ty))
+    tl.store(z_ptr + matrix * D + columns, z.to(z_ptr.dtype.element_ty))
+    tl.debug_barrier()
+    s2 = tl.load(s2_ptr + columns).to(COMPUTE)
+    for start in range(0, D, CHUNK):
+        i = start + tl.arange(0, CHUNK)[:, None]
+        shifted = tl.load(z_ptr + matrix * D + (i ^ columns)).to(COMPUTE)  # z[i ^ j]
+        s1 = tl.load(s1_ptr + i).to(COMPUTE)
+        offsets = matrix * D * D + i * D + columns
+        x = tl.load(x_ptr + offsets).to(COMPUTE)
+        tl.store(grad_x_ptr + offsets, (s1 * s2 * shifted).to(grad_x_ptr.dtype.element_ty))
+        tl.store(q_ptr + offsets, (x * shifted).to(q_ptr.dtype.element_ty))
+
+
+def design_warps(size: int) -> int:
+    """Warps of the design kernels: the float64 transform of an 8192-long row spills with 8 warps."""
+    return 4 if size <= 2048 else (8 if size <= 4096 else 16)
+
+
+def design_chunk(size: int) -> int:
+    """Values of ``i`` per step of the design kernels: tiles of about 4096 elements."""
+    return max(1, min(size, 4096 // size))
 
 
 def rows_per_program(size: int, double: bool = False) -> int:
@@ -259,6 +271,7 @@ def num_warps(kernel_name: str, size: int) -> int:
 
 
 def max_fused_size(kernel_name: str, double: bool) -> int:
-    """The largest ``D`` the kernel takes in one program; float64's backward keeps nine rows at 8192 and
-    spills, so it stops at 4096 (longer rows go through the unfused composition)."""
-    return MAX_FUSED_SIZE // 2 if double and kernel_name == "whvi_matvec_backward_kernel" else MAX_FUSED_SIZE
+    """The largest ``D`` the kernel takes in one program: the float64 backward kernels spill at 8192
+    (``ptxas -v``), so they stop at 4096 (longer rows: the unfused composition, or the reference)."""
+    backward = kernel_name in ("whvi_matvec_backward_kernel", "whvi_design_backward_kernel")
+    return MAX_FUSED_SIZE // 2 if double and backward else MAX_FUSED_SIZE

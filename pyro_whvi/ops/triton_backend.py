@@ -176,20 +176,21 @@ def whvi_matvec_backward(
     return grads[0], grads[1], grads[2], grads[3]
 
 
-def _design_args(size: int, dtype: torch.dtype) -> dict:
-    return {"D": size, "LOG_D": size.bit_length() - 1, "COMPUTE": _compute_type(dtype), "num_warps": 4}
+def _design_args(module: ModuleType, size: int, dtype: torch.dtype) -> dict:
+    constants = {"D": size, "LOG_D": size.bit_length() - 1, "COMPUTE": _compute_type(dtype)}
+    return {**constants, "CHUNK": module.design_chunk(size), "num_warps": module.design_warps(size)}
 
 
 def whvi_design(x: Tensor, s1: Tensor, s2: Tensor) -> Tensor:
     """:func:`pyro_whvi.ops.whvi_design`: one gather and one transform per matrix, in one Triton kernel."""
     module, size = kernels(), x.shape[-1]
-    if module is None or x.dtype not in _DTYPES or size > module.MAX_DESIGN_SIZE:
+    if module is None or x.dtype not in _DTYPES or size > module.MAX_FUSED_SIZE:
         return reference.whvi_design(x, s1, s2).contiguous()
     matrices = x.reshape(-1, size, size).contiguous()
     out = torch.empty(matrices.shape[:-1], dtype=x.dtype, device=x.device)
     if matrices.shape[0]:
         module.whvi_design_kernel[(matrices.shape[0],)](
-            matrices, s1.contiguous(), s2.contiguous(), out, **_design_args(size, x.dtype)
+            matrices, s1.contiguous(), s2.contiguous(), out, **_design_args(module, size, x.dtype)
         )
     return out.reshape(x.shape[:-1])
 
@@ -197,14 +198,20 @@ def whvi_design(x: Tensor, s1: Tensor, s2: Tensor) -> Tensor:
 def whvi_design_backward(grad: Tensor, x: Tensor, s1: Tensor, s2: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """Vector-Jacobian products of :func:`whvi_design`; the per-matrix ``Q`` is summed here."""
     module, size = kernels(), x.shape[-1]
-    if module is None or x.dtype not in _DTYPES or size > module.MAX_DESIGN_SIZE:
+    fused = module is not None and size <= module.max_fused_size(
+        "whvi_design_backward_kernel", x.dtype == torch.float64
+    )
+    if module is None or x.dtype not in _DTYPES or not fused:
         return tuple(t.contiguous() for t in reference.whvi_design_backward(grad, x, s1, s2))  # type: ignore[return-value]
     matrices = x.reshape(-1, size, size).contiguous()
     grad_x, products = torch.empty_like(matrices), torch.empty_like(matrices)
+    z = torch.empty(
+        matrices.shape[:-1], dtype=torch.float64 if x.dtype == torch.float64 else torch.float32, device=x.device
+    )
     if matrices.shape[0]:
         module.whvi_design_backward_kernel[(matrices.shape[0],)](
-            grad.reshape(-1, size).contiguous(), matrices, s1.contiguous(), s2.contiguous(), grad_x, products,
-            **_design_args(size, x.dtype),
+            grad.reshape(-1, size).contiguous(), matrices, s1.contiguous(), s2.contiguous(), z, grad_x, products,
+            **_design_args(module, size, x.dtype),
         )  # fmt: skip
     q = products.sum(0)
     return grad_x.reshape(x.shape), q @ s2, s1 @ q
@@ -289,6 +296,7 @@ def resource_usage(kernel_name: str, size: int, dtype: torch.dtype, arch: int = 
         "LOG_D": size.bit_length() - 1,
         "COMPUTE": _compute_type(dtype),
         "POWER": 1,
+        "CHUNK": module.design_chunk(size),
     }
     constants = {name: value for name, value in constants.items() if name in function.arg_names}
 
@@ -299,10 +307,12 @@ def resource_usage(kernel_name: str, size: int, dtype: torch.dtype, arch: int = 
         if name in scalars:
             return scalars[name]
         integer = name.endswith("_rows") or name in ("permutation_ptr", "inverse_ptr")  # index tables
+        if name == "z_ptr":  # the design backward's scratch row, in the compute type
+            return "*fp64" if dtype == torch.float64 else "*fp32"
         return "*i64" if integer else f"*{element}"
 
     signature = {name: kind(name) for name in function.arg_names}
-    warps = module.num_warps(kernel_name, size) if "ROWS" in constants else 4
+    warps = module.num_warps(kernel_name, size) if "ROWS" in constants else module.design_warps(size)
     source = ASTSource(fn=function, signature=signature, constexprs=constants)
     compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32), options={"num_warps": warps})
     binaries = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
