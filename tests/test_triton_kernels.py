@@ -198,7 +198,7 @@ def test_design_kernels_compile_for_the_gpu_without_spilling(kernel, arch):
     from pyro_whvi.ops import triton_backend
 
     module = triton_backend.kernels()
-    for size in (2, 16, 64, 256, 8192):  # one tile up to 64, chunks of the rows above
+    for size in (2, 16, 64, 128, 256, 1024, 8192):  # one tile up to 64 (32 in float64), chunks of rows above
         for dtype in (torch.float32, torch.float64):
             size = min(size, module.max_fused_size(kernel, dtype == torch.float64))
             usage = triton_backend.resource_usage(kernel, size, dtype, arch)

@@ -253,9 +253,11 @@ def design_warps(size: int) -> int:
     return 4 if size <= 2048 else (8 if size <= 4096 else 16)
 
 
-def design_chunk(size: int) -> int:
-    """Values of ``i`` per step of the design kernels: tiles of about 4096 elements."""
-    return max(1, min(size, 4096 // size))
+def design_chunk(kernel_name: str, size: int, double: bool) -> int:
+    """Values of ``i`` per step of the design kernels: tiles of about 4096 elements (2048 for the float64
+    backward, which spilled with 4096 at D = 128; the forward spills with 2048 there on sm_80)."""
+    elements = 2048 if double and kernel_name == "whvi_design_backward_kernel" else 4096
+    return max(1, min(size, elements // size))
 
 
 def rows_per_program(size: int, double: bool = False) -> int:

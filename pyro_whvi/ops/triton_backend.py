@@ -176,9 +176,10 @@ def whvi_matvec_backward(
     return grads[0], grads[1], grads[2], grads[3]
 
 
-def _design_args(module: ModuleType, size: int, dtype: torch.dtype) -> dict:
+def _design_args(module: ModuleType, name: str, size: int, dtype: torch.dtype) -> dict:
     constants = {"D": size, "LOG_D": size.bit_length() - 1, "COMPUTE": _compute_type(dtype)}
-    return {**constants, "CHUNK": module.design_chunk(size), "num_warps": module.design_warps(size)}
+    chunk = module.design_chunk(name, size, dtype == torch.float64)
+    return {**constants, "CHUNK": chunk, "num_warps": module.design_warps(size)}
 
 
 def whvi_design(x: Tensor, s1: Tensor, s2: Tensor) -> Tensor:
@@ -190,7 +191,7 @@ def whvi_design(x: Tensor, s1: Tensor, s2: Tensor) -> Tensor:
     out = torch.empty(matrices.shape[:-1], dtype=x.dtype, device=x.device)
     if matrices.shape[0]:
         module.whvi_design_kernel[(matrices.shape[0],)](
-            matrices, s1.contiguous(), s2.contiguous(), out, **_design_args(module, size, x.dtype)
+            matrices, s1.contiguous(), s2.contiguous(), out, **_design_args(module, "whvi_design_kernel", size, x.dtype)
         )
     return out.reshape(x.shape[:-1])
 
@@ -211,7 +212,7 @@ def whvi_design_backward(grad: Tensor, x: Tensor, s1: Tensor, s2: Tensor) -> tup
     if matrices.shape[0]:
         module.whvi_design_backward_kernel[(matrices.shape[0],)](
             grad.reshape(-1, size).contiguous(), matrices, s1.contiguous(), s2.contiguous(), z, grad_x, products,
-            **_design_args(module, size, x.dtype),
+            **_design_args(module, "whvi_design_backward_kernel", size, x.dtype),
         )  # fmt: skip
     q = products.sum(0)
     return grad_x.reshape(x.shape), q @ s2, s1 @ q
@@ -296,7 +297,7 @@ def resource_usage(kernel_name: str, size: int, dtype: torch.dtype, arch: int = 
         "LOG_D": size.bit_length() - 1,
         "COMPUTE": _compute_type(dtype),
         "POWER": 1,
-        "CHUNK": module.design_chunk(size),
+        "CHUNK": module.design_chunk(kernel_name, size, dtype == torch.float64),
     }
     constants = {name: value for name, value in constants.items() if name in function.arg_names}
 
