@@ -30,15 +30,12 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..distributions.layout import WHVILayout
+from ..nn.base import softplus_inverse
 from ..ops import fwht, whvi_design
 
 __all__ = ["COVARIANCES", "GaussianWeightPosterior", "WHVIWeightPosterior", "WeightPosterior"]
 
 COVARIANCES = ("diagonal", "full")
-
-
-def _inverse_softplus(x: Tensor) -> Tensor:
-    return x + torch.log(-torch.expm1(-x))
 
 
 class WeightPosterior(gpytorch.Module, ABC):
@@ -64,7 +61,7 @@ class WeightPosterior(gpytorch.Module, ABC):
         self.prior_variance = float(prior_variance)
         scale = torch.full((latent_dim,), init_scale if init_scale is not None else 0.1 * math.sqrt(prior_variance))
         self.loc = torch.nn.Parameter(torch.zeros(latent_dim))
-        self.raw_scale = torch.nn.Parameter(_inverse_softplus(scale))
+        self.raw_scale = torch.nn.Parameter(softplus_inverse(scale))
         if covariance == "full":
             self.scale_tril_offdiag = torch.nn.Parameter(torch.zeros(latent_dim, latent_dim))
 
@@ -124,11 +121,11 @@ class WeightPosterior(gpytorch.Module, ABC):
         cholesky = torch.linalg.cholesky(precision)
         self.loc.copy_(torch.cholesky_solve((design.mT @ y / noise_variance)[:, None], cholesky)[:, 0])
         if self.covariance == "diagonal":
-            self.raw_scale.copy_(_inverse_softplus(precision.diagonal().rsqrt()))
+            self.raw_scale.copy_(softplus_inverse(precision.diagonal().rsqrt()))
             return
         covariance = torch.cholesky_inverse(cholesky)
         scale_tril = torch.linalg.cholesky(covariance)
-        self.raw_scale.copy_(_inverse_softplus(scale_tril.diagonal()))
+        self.raw_scale.copy_(softplus_inverse(scale_tril.diagonal()))
         self.scale_tril_offdiag.copy_(scale_tril)
 
 

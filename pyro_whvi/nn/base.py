@@ -116,8 +116,10 @@ class VariationalLayer(nn.Module):
         """How many noise entries an example's bias takes (0 without a bias)."""
         return 0 if self.bias_loc is None else self.out_features
 
-    def bias_sample(self, noise: Tensor) -> Tensor:
-        """The bias for standard-normal ``noise`` ``(..., out_features)``."""
+    def bias_sample(self, noise: Tensor) -> Tensor | None:
+        """The bias for standard-normal ``noise`` ``(..., out_features)``; ``None`` for a layer without one."""
+        if self.bias_loc is None:
+            return None
         return self.bias_loc + F.softplus(self.bias_scale_unconstrained) * noise
 
     def bias_kl(self) -> Tensor | float:

@@ -78,7 +78,7 @@ class MeanFieldLinear(VariationalLayer):
         if not self.local():  # one weight draw shared by every example
             noise = self.draw_noise(1, self.weight_loc.numel() + self.bias_size, input)[0]
             weight = self.weight_loc + self.weight_scale * noise[: self.weight_loc.numel()].view_as(self.weight_loc)
-            bias = self.bias_sample(noise[self.weight_loc.numel() :]) if self.bias_loc is not None else None
+            bias = self.bias_sample(noise[self.weight_loc.numel() :])
             return F.linear(input, weight, bias)
         noise = self.linear_noise(input, self.out_features)
         bias_variance = None if self.bias_loc is None else F.softplus(self.bias_scale_unconstrained).square()

@@ -60,7 +60,7 @@ class _VSDLayer(VariationalLayer):
         xi = distribution.alpha.sqrt() * noise[..., : self.num_noise]
         for transform in distribution.transforms:  # the distribution's own rsample, on this execution's noise
             xi = transform(xi)
-        bias = self.bias_sample(noise[..., self.num_noise :]) if self.bias_loc is not None else None
+        bias = self.bias_sample(noise[..., self.num_noise :])
         return xi, bias
 
     def extra_repr(self) -> str:

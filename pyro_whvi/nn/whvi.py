@@ -76,7 +76,7 @@ class _WHVILayer(VariationalLayer):
         """``g`` ``(..., K, D)`` and the bias ``(..., out)`` for standard-normal ``noise`` ``(..., K D [+ out])``."""
         num_latent = self.layout.num_latent
         g = self.g_loc + self.g_scale * noise[..., :num_latent].unflatten(-1, tuple(self.layout.block_shape))
-        bias = self.bias_sample(noise[..., num_latent:]) if self.bias_loc is not None else None
+        bias = self.bias_sample(noise[..., num_latent:])
         return g, bias
 
     def extra_repr(self) -> str:

@@ -21,6 +21,7 @@ __all__ = [
     "fastfood",
     "fastfood_transpose",
     "fwht",
+    "sum_to_shape",
     "whvi_design",
     "whvi_design_backward",
     "whvi_fourier_design_backward",
@@ -53,15 +54,18 @@ def fwht(x: Tensor, normalized: bool = True) -> Tensor:
     return y
 
 
-def whvi_matvec(x: Tensor, s1: Tensor, g: Tensor, s2: Tensor) -> Tensor:
+def whvi_matvec(x: Tensor, s1: Tensor, g: Tensor, s2: Tensor, transform=None) -> Tensor:
     r""":math:`s_1 \odot H(g \odot H(s_2 \odot x))` with the orthonormal :math:`H`.
 
-    The diagonals broadcast against ``x`` by ordinary PyTorch rules.
+    The diagonals broadcast against ``x`` by ordinary PyTorch rules. ``transform`` computes the
+    orthonormal FWHT (default: this module's; the GPU kernels pass theirs).
     """
-    return s1 * fwht(g * fwht(s2 * x))
+    transform = transform or fwht
+    return s1 * transform(g * transform(s2 * x))
 
 
-def _sum_to_shape(t: Tensor, shape: torch.Size) -> Tensor:
+def sum_to_shape(t: Tensor, shape: torch.Size) -> Tensor:
+    """``t`` summed over the dimensions that broadcasting added to a tensor of ``shape``."""
     lead = t.dim() - len(shape)
     if lead > 0:
         t = t.sum(dim=tuple(range(lead)))
@@ -72,24 +76,25 @@ def _sum_to_shape(t: Tensor, shape: torch.Size) -> Tensor:
 
 
 def whvi_matvec_backward(
-    grad: Tensor, x: Tensor, s1: Tensor, g: Tensor, s2: Tensor
+    grad: Tensor, x: Tensor, s1: Tensor, g: Tensor, s2: Tensor, transform=None
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     r"""Vector-Jacobian products of :func:`whvi_matvec` for all four inputs.
 
     With :math:`u = H(s_2 x)`, :math:`v = H(g u)`, :math:`w = H(s_1 \bar y)`,
     :math:`z = H(g w)`: :math:`\bar x = s_2 z`, :math:`\bar s_1 = \sum \bar y v`,
     :math:`\bar g = \sum w u`, :math:`\bar s_2 = \sum x z`, each sum over the rows that
-    share the diagonal's row.
+    share the diagonal's row. ``transform`` as in :func:`whvi_matvec`.
     """
-    u = fwht(s2 * x)
-    v = fwht(g * u)
-    w = fwht(s1 * grad)
-    z = fwht(g * w)
+    transform = transform or fwht
+    u = transform(s2 * x)
+    v = transform(g * u)
+    w = transform(s1 * grad)
+    z = transform(g * w)
     return (
-        _sum_to_shape(s2 * z, x.shape),
-        _sum_to_shape(grad * v, s1.shape),
-        _sum_to_shape(w * u, g.shape),
-        _sum_to_shape(x * z, s2.shape),
+        sum_to_shape(s2 * z, x.shape),
+        sum_to_shape(grad * v, s1.shape),
+        sum_to_shape(w * u, g.shape),
+        sum_to_shape(x * z, s2.shape),
     )
 
 

@@ -140,7 +140,7 @@ def whvi_matvec(x: Tensor, s1: Tensor, g: Tensor, s2: Tensor) -> Tensor:
     shape = torch.broadcast_shapes(x.shape, s1.shape, g.shape, s2.shape)
     size = shape[-1]
     if module is None or x.dtype not in _DTYPES or size > module.MAX_FUSED_SIZE:
-        return (s1 * fwht(g * fwht(s2 * x))).contiguous()
+        return reference.whvi_matvec(x, s1, g, s2, transform=fwht).contiguous()
     n_rows = math.prod(shape[:-1])
     out = torch.empty(shape, dtype=x.dtype, device=x.device)
     if out.numel():
@@ -159,10 +159,8 @@ def whvi_matvec_backward(
     if module is None or x.dtype not in _DTYPES:
         return tuple(t.contiguous() for t in reference.whvi_matvec_backward(grad, x, s1, g, s2))  # type: ignore[return-value]
     if size > module.max_fused_size("whvi_matvec_backward_kernel", x.dtype == torch.float64):
-        u, w = fwht(s2 * x), fwht(s1 * grad)  # the same products, each transform its own kernel
-        z = fwht(g * w)
-        products = [s2 * z, grad * fwht(g * u), w * u, x * z]
-        return tuple(reference._sum_to_shape(p, t.shape).contiguous() for p, t in zip(products, (x, s1, g, s2)))  # type: ignore[return-value]
+        unfused = reference.whvi_matvec_backward(grad, x, s1, g, s2, transform=fwht)  # a kernel per transform
+        return tuple(t.contiguous() for t in unfused)  # type: ignore[return-value]
     n_rows = math.prod(shape[:-1])
     products = [torch.empty(shape, dtype=x.dtype, device=x.device) for _ in range(4)]
     if grad.numel():
@@ -171,7 +169,7 @@ def whvi_matvec_backward(
             "whvi_matvec_backward_kernel", module, n_rows, size, grad.contiguous(), *operands, *products,
         )  # fmt: skip
     grads = [
-        reference._sum_to_shape(product, like.shape).contiguous() for product, like in zip(products, (x, s1, g, s2))
+        reference.sum_to_shape(product, like.shape).contiguous() for product, like in zip(products, (x, s1, g, s2))
     ]
     return grads[0], grads[1], grads[2], grads[3]
 
