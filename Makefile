@@ -17,7 +17,7 @@ install: $(BIN)/python
 	$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)" -e ".[bench]"
 
 install-dev: $(BIN)/python
-	$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)" -e ".[dev,bench,baselines]"
+	$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)" -e ".[dev,bench,baselines,lightning]"
 
 build-kernels:
 	$(BIN)/python -m pyro_whvi.ops.build

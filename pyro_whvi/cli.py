@@ -201,8 +201,26 @@ def _add_uci(commands) -> None:
     uci.add_argument("--flows", type=_positive, default=defaults.flows, help="planar flows of nf-whvi (default 3)")
     uci.add_argument("--reflections", type=_nonnegative, default=defaults.reflections, help="VSD's Householder T")
     uci.add_argument("--seed", type=_nonnegative, default=defaults.seed)
-    uci.add_argument("--threads", type=_positive, help="torch threads (default: torch's choice)")
+    uci.add_argument("--threads", type=_positive, help="torch threads per process (default: torch's choice)")
     uci.add_argument("--out", type=Path, default=Path("whvi_uci"), help="output folder (default ./whvi_uci)")
+    parallel = uci.add_argument_group(
+        "data-parallel training",
+        "--nproc N starts N processes here (gloo on loopback); the batch is split over them. On several machines "
+        "or GPUs launch with torchrun instead: torchrun --nnodes M --nproc-per-node N -m pyro_whvi uci ... "
+        "(the processes torchrun starts are used, --nproc is not needed).",
+    )
+    parallel.add_argument("--nproc", type=_positive, default=1, help="processes on this machine (default 1)")
+    parallel.add_argument("--master-port", type=_positive, help="their rendezvous port (default: a free one)")
+    parallel.add_argument(
+        "--timeout", type=_positive_float, default=600.0, help="seconds a process waits for the others (default 600)"
+    )
+    parallel.add_argument(
+        "--checkpoint-every",
+        type=_nonnegative,
+        default=defaults.checkpoint_every,
+        help=f"steps between checkpoints of a split's training, resumed by a rerun (0: none; default "
+        f"{defaults.checkpoint_every})",
+    )
     uci.set_defaults(subparser=uci)
 
 
@@ -213,14 +231,22 @@ def _one_line_warning(message, category, filename, lineno, file=None, line=None)
 
 
 def _uci(args: argparse.Namespace) -> int:
+    from datetime import timedelta
+
     import torch
 
+    from . import distributed
     from ._results import check_writable
     from .methods import Schedule
     from .uci import UCIConfig, check_source, dataset_name, run_uci
 
     source = args.data_dir if args.data_dir is not None else (args.dataset or "diabetes")
+    timeout = timedelta(seconds=args.timeout)
     try:
+        if distributed.init_from_environment(timeout=timeout):  # started by torchrun: its processes
+            args.nproc = distributed.world_size()
+        elif args.master_port is not None:
+            distributed.check_port(args.master_port)
         if args.threads and args.threads > (os.cpu_count() or 1):
             raise ValueError(f"--threads: at most {os.cpu_count()} (the cores here) expected, got {args.threads}")
         if args.dropout >= 1:
@@ -241,6 +267,8 @@ def _uci(args: argparse.Namespace) -> int:
             flows=args.flows,
             reflections=args.reflections,
             seed=args.seed,
+            nproc=args.nproc,
+            checkpoint_every=args.checkpoint_every,
         )
         check_source(source, config.splits)
         check_writable(args.out)
@@ -250,9 +278,18 @@ def _uci(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     with warnings.catch_warnings():
         warnings.showwarning = _one_line_warning
-        _, text = run_uci(source, config, args.out)
-    print("\n" + text)
-    print(f"\nwrote {args.out}/uci_{dataset_name(source)}.{{json,csv,md}}")
+        try:
+            _, text = run_uci(source, config, args.out, port=args.master_port, timeout=timeout, threads=args.threads)
+        except RuntimeError as error:  # a process failed or died: one line, the others are stopped
+            if config.nproc == 1:
+                raise
+            print(
+                f"whvi uci: error: {error}; rerun the same command to resume from the last checkpoint", file=sys.stderr
+            )
+            return 1
+    if distributed.rank() == 0:
+        print("\n" + text)
+        print(f"\nwrote {args.out}/uci_{dataset_name(source)}.{{json,csv,md}}")
     return 0
 
 

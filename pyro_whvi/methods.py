@@ -14,10 +14,10 @@ One name per method, the same Pyro model for all of them (a :class:`~pyro_whvi.m
 Append ``+iblm`` (``whvi+iblm``, ``mfg+iblm``, ...) to start the guide from I-BLM
 (:func:`~pyro_whvi.iblm_`) instead of its default initialization.
 
-:func:`fit` runs the WHVI paper's schedule (App. D.1): Adam with the learning rate
-:math:`\lambda_t = \lambda_0 (1 + \gamma t)^{-p}`, minibatches, and for regression the noise scale
-held fixed for the first ``fixed_noise_steps`` (two phases); :func:`predictive_samples` draws the
-Monte-Carlo predictive with ``Predictive``.
+:func:`fit` runs the WHVI paper's schedule (App. D.1) through :func:`pyro_whvi.engine.train`: Adam
+with the learning rate :math:`\lambda_t = \lambda_0 (1 + \gamma t)^{-p}`, minibatches, and for
+regression the noise scale held fixed for the first ``fixed_noise_steps``, in one process or
+data-parallel; :func:`predictive_samples` draws the Monte-Carlo predictive with ``Predictive``.
 
 Shape letters: ``S`` posterior samples, ``N`` examples, ``D`` inputs, ``C`` classes.
 
@@ -36,17 +36,18 @@ from typing import Any
 
 import pyro
 import torch
-from pyro.infer import SVI, Predictive, Trace_ELBO
+from pyro.infer import Predictive
 from pyro.infer.autoguide import AutoDelta, AutoNormal, init_to_sample
 from torch import Tensor
-from tqdm.auto import tqdm
 
+from .engine import Checkpoint, Schedule, train
 from .infer import AutoVSDGuide, AutoWHVIGuide
 from .init import iblm_
 from .models import BayesianMLP
 
 __all__ = [
     "BASE_METHODS",
+    "Checkpoint",
     "MethodSpec",
     "Schedule",
     "build_method",
@@ -82,32 +83,6 @@ def parse_method(name: str) -> MethodSpec:
     if iblm and base == "mcd":
         raise ValueError("method 'mcd+iblm': I-BLM initializes variational guides; MC dropout has none")
     return MethodSpec(base, iblm)
-
-
-@dataclass(frozen=True)
-class Schedule:
-    r"""The training schedule (defaults: the WHVI paper's, App. D.1, with fewer steps).
-
-    :param steps: SVI steps in all, both phases.
-    :param fixed_noise_steps: first steps with the Gaussian noise scale held at its initial value.
-    :param batch_size: examples per step (``None`` or ``>= N``: full batch).
-    :param lr: :math:`\lambda_0`, Adam's initial learning rate.
-    :param lr_gamma: :math:`\gamma` in :math:`\lambda_t = \lambda_0 (1 + \gamma t)^{-p}`.
-    :param lr_power: :math:`p` (0 keeps the learning rate constant).
-    """
-
-    steps: int = 20000
-    fixed_noise_steps: int = 500
-    batch_size: int | None = 64
-    lr: float = 1e-3
-    lr_gamma: float = 5e-4
-    lr_power: float = 0.3
-
-    def __post_init__(self) -> None:
-        if self.steps < 1 or self.fixed_noise_steps < 0 or (self.batch_size is not None and self.batch_size < 1):
-            raise ValueError(f"Schedule: steps >= 1, fixed_noise_steps >= 0 and batch_size >= 1 expected, got {self}.")
-        if self.lr <= 0 or self.lr_gamma < 0 or self.lr_power < 0:
-            raise ValueError(f"Schedule: lr > 0, lr_gamma >= 0 and lr_power >= 0 expected, got {self}.")
 
 
 def make_guide(base: str, model, *, flows: int = 3, reflections: int = 1, **whvi_options) -> Any:
@@ -167,11 +142,6 @@ def build_method(
     return model, guide
 
 
-def _without_noise_parameter(model):
-    """The model with its ``noise_scale`` parameter hidden from SVI, which then leaves it unchanged."""
-    return pyro.poutine.block(model, hide_fn=lambda msg: msg["type"] == "param" and msg["name"] == "noise_scale")
-
-
 def fit(
     spec: MethodSpec | str,
     model: BayesianMLP,
@@ -182,51 +152,43 @@ def fit(
     *,
     seed: int = 0,
     progress: bool | str = True,
+    checkpoint: Checkpoint | None = None,
+    noise: str = "per_rank",
 ) -> list[float]:
-    """Train ``guide`` on ``(x, y)`` with Pyro's ``SVI`` and ``Trace_ELBO`` under ``schedule``.
+    """Train ``guide`` on ``(x, y)`` with :func:`pyro_whvi.engine.train` (``Trace_ELBO``, Adam, ``schedule``).
 
-    With ``+iblm`` the guide is first initialized by :func:`~pyro_whvi.iblm_` on the training data.
-    Minibatches (drawn with replacement from a generator seeded by ``seed``) scale the likelihood
-    to the whole training set through the model's ``num_data``. Pyro's argument validation is off
-    during the steps, for speed; the shapes of x and y are checked here first.
+    With ``+iblm`` the guide is first initialized by :func:`~pyro_whvi.iblm_` on the training data
+    (not when a checkpoint is resumed). Minibatches (drawn with replacement from a generator seeded by
+    ``seed``) scale the likelihood to the whole training set through the model's ``num_data``. Called in
+    every rank of a ``torch.distributed`` group, it trains data-parallel.
 
     :param progress: show a progress bar (a string is its label).
+    :param checkpoint: save and resume the run here (:class:`~pyro_whvi.engine.Checkpoint`).
+    :param noise: ``"per_rank"`` or ``"per_example"`` (see :mod:`pyro_whvi.engine`).
     :returns: the ELBO loss (negative ELBO estimate) of every step.
     """
     spec = parse_method(spec) if isinstance(spec, str) else spec
     if x.shape[0] != y.shape[0]:
         raise ValueError(f"fit: x has {x.shape[0]} rows but y has {y.shape[0]}.")
-    num_data = x.shape[0]
+    initialize = None
     if spec.iblm:
-        iblm_(guide, (x, y), batch_size=min(128, num_data), progress=False)
-    optimizer = pyro.optim.LambdaLR(  # type: ignore[attr-defined]
-        {
-            "optimizer": torch.optim.Adam,
-            "optim_args": {"lr": schedule.lr},
-            "lr_lambda": lambda t: (1.0 + schedule.lr_gamma * t) ** -schedule.lr_power,
-        }
-    )
-    has_noise = model.likelihood == "gaussian" and isinstance(model.noise_scale, torch.Tensor)
-    fixed_phase = schedule.fixed_noise_steps if has_noise else 0
-    phases = [
-        SVI(_without_noise_parameter(model), guide, optimizer, Trace_ELBO()),
-        SVI(model, guide, optimizer, Trace_ELBO()),
-    ]
-    generator = torch.Generator().manual_seed(seed)
-    batch = schedule.batch_size
-    full_batch = batch is None or batch >= num_data
+
+        def initialize() -> None:
+            iblm_(guide, (x, y), batch_size=min(128, x.shape[0]), progress=False)
+
     label = progress if isinstance(progress, str) else spec.name
-    losses = []
-    with pyro.validation_enabled(False):
-        for step in tqdm(range(schedule.steps), desc=label, disable=not progress, leave=False, mininterval=1.0):
-            svi = phases[0] if step < fixed_phase else phases[1]
-            if full_batch:
-                losses.append(svi.step(x, y))
-            else:
-                index = torch.randint(num_data, (int(batch),), generator=generator)  # type: ignore[arg-type]
-                losses.append(svi.step(x[index], y[index], num_data=num_data))
-            optimizer.step()
-    return losses
+    return train(
+        model,
+        guide,
+        x,
+        y,
+        schedule,
+        seed=seed,
+        initialize=initialize,
+        progress=label if progress else False,
+        checkpoint=checkpoint,
+        noise=noise,
+    )
 
 
 def predictive_samples(model, guide, x: Tensor, num_samples: int = 64) -> Tensor:

@@ -30,17 +30,21 @@ import math
 import time
 import warnings
 from dataclasses import asdict, dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pyro
 import torch
+import torch.distributed as dist
 from tqdm.auto import tqdm
 
+from . import distributed
 from ._plots import draw_reliability
 from ._results import check_writable, save_tables, write_atomic
 from .data import gaussian_mnll, load_breast_cancer_split, load_diabetes_split, load_digits_split, load_uci_split, rmse
 from .data.uci import num_uci_splits, uci_split_files
+from .engine import Checkpoint, shard_size
 from .methods import MethodSpec, Schedule, build_method, fit, parse_method, predictive_samples
 from .metrics import (
     categorical_nll,
@@ -68,6 +72,10 @@ REGRESSION_METRICS = ("rmse", "mnll")
 # Bumped when a method's construction changes, so that its stored splits are trained again.
 _VERSIONS = {name: 2 for name in ("whvi", "nf-whvi", "whvi+iblm", "nf-whvi+iblm")}
 CLASSIFICATION_METRICS = ("error", "nll", "ece", "entropy")
+# Bumped when the training loop changes every method's numbers. 2: pyro_whvi.engine (the noise scale's
+# Adam state no longer starts from the gradient summed over the fixed-noise phase).
+ENGINE_VERSION = 2
+_NOT_FINGERPRINTED = ("methods", "splits", "checkpoint_every", "progress")
 
 
 @dataclass
@@ -85,7 +93,9 @@ class UCIData:
 
 @dataclass(frozen=True)
 class UCIConfig:
-    """Settings of :func:`run_uci`; all but ``methods``, ``splits`` and ``progress`` enter the fingerprint."""
+    """Settings of :func:`run_uci`; all but ``methods``, ``splits``, ``checkpoint_every`` and ``progress``
+    enter the fingerprint (``nproc`` does: each process draws its own noise, so the number of processes
+    is part of what makes a seeded run's numbers)."""
 
     methods: tuple[str, ...] = ("mfg", "mcd", "whvi")
     splits: tuple[int, ...] = (0, 1, 2, 3, 4)
@@ -98,6 +108,8 @@ class UCIConfig:
     flows: int = 3
     reflections: int = 1
     seed: int = 0
+    nproc: int = 1
+    checkpoint_every: int = 1000
     progress: bool = True
 
     def __post_init__(self) -> None:
@@ -109,15 +121,20 @@ class UCIConfig:
             raise ValueError("UCIConfig: hidden >= 1, layers >= 0, samples >= 2 and noise_scale > 0 expected.")
         if not 0.0 < self.dropout < 1.0 or self.flows < 1 or self.reflections < 0:
             raise ValueError("UCIConfig: dropout in (0, 1), flows >= 1 and reflections >= 0 expected.")
+        if self.nproc < 1 or self.checkpoint_every < 0:
+            raise ValueError("UCIConfig: nproc >= 1 and checkpoint_every >= 0 (0: no checkpoints) expected.")
+        if self.schedule.batch_size is not None:
+            shard_size(self.schedule.batch_size, self.nproc)
         if not 0 <= self.seed + max(self.splits) < 2**32:  # each split is seeded with seed + split
             raise ValueError(f"UCIConfig: seed + split must be in [0, 2**32) (numpy's seeds), got seed {self.seed}.")
 
     def fingerprint(self, method: str, data: str = "") -> str:
         """A short hash of everything that changes the result of ``method`` on one split: the settings
         and ``data``, a key of the split's data (:func:`data_key`)."""
-        settings = {k: v for k, v in asdict(self).items() if k not in ("methods", "splits", "progress")}
+        settings = {k: v for k, v in asdict(self).items() if k not in _NOT_FINGERPRINTED}
+        version = {"version": _VERSIONS.get(method, 1), "engine": ENGINE_VERSION}
         text = json.dumps(
-            {"method": method, **settings, "version": _VERSIONS.get(method, 1), "data": data},
+            {"method": method, **settings, **version, "data": data},
             sort_keys=True,
             default=str,
         )
@@ -205,9 +222,14 @@ def _evaluate(data: UCIData, f: torch.Tensor, noise_scale) -> dict[str, float]:
     }
 
 
-def run_split(source: str | Path, spec: MethodSpec, split: int, config: UCIConfig) -> tuple[dict[str, Any], dict]:
+def run_split(
+    source: str | Path, spec: MethodSpec, split: int, config: UCIConfig, checkpoint: Checkpoint | None = None
+) -> tuple[dict[str, Any], dict]:
     """Train ``spec`` on split ``split``; return its row of metrics and, for classification, the
-    reliability diagram's bins (``{"reliability": [confidence, accuracy, count]}``; no caching)."""
+    reliability diagram's bins (``{"reliability": [confidence, accuracy, count]}``; no caching).
+
+    In a process group every rank trains its shard and only rank 0 evaluates (the others return ``({}, {})``).
+    """
     data = load_dataset_split(source, split)
     pyro.set_rng_seed(config.seed + split)
     pyro.clear_param_store()
@@ -233,8 +255,11 @@ def run_split(source: str | Path, spec: MethodSpec, split: int, config: UCIConfi
         config.schedule,
         seed=config.seed + split,
         progress=label if config.progress else False,
+        checkpoint=checkpoint,
     )
     seconds = time.perf_counter() - start
+    if distributed.rank() != 0:
+        return {}, {}
     f = predictive_samples(model, guide, data.x_test, config.samples)
     noise = model.noise_scale.detach() if regression else None  # type: ignore[union-attr]
     extra = {} if regression else {"reliability": [t.tolist() for t in reliability_diagram(f, data.y_test)]}
@@ -300,31 +325,70 @@ def _read_saved(path: Path) -> dict[str, Any]:
     return saved
 
 
-def run_uci(source: str | Path, config: UCIConfig, out: Path) -> tuple[list[dict[str, Any]], str]:
+def run_uci(
+    source: str | Path,
+    config: UCIConfig,
+    out: Path,
+    *,
+    port: int | None = None,
+    timeout: timedelta = distributed.DEFAULT_TIMEOUT,
+    threads: int | None = None,
+) -> tuple[list[dict[str, Any]], str]:
     """Run every (method, split) of ``config`` not already finished in ``out``; write and return the summary.
 
+    With ``config.nproc > 1`` the splits are trained data-parallel by that many processes started here
+    (:func:`pyro_whvi.distributed.launch`), or by the processes of the group this one already belongs to
+    (``torchrun``); the batch is split over them. Rank 0 writes every file; a split's training state is
+    checkpointed every ``config.checkpoint_every`` steps to ``runs/<dataset>/<method>/split<k>.ckpt`` and a
+    rerun resumes it.
+
     :param source: a UCI-format directory or a name in :data:`BUNDLED_DATASETS`.
-    :returns: the summary rows and the markdown table.
+    :param port: the rendezvous port of the processes started here (default: a free one).
+    :param timeout: how long any collective may wait for the other processes.
+    :param threads: torch threads of each process started here (default: the cores shared out).
+    :returns: the summary rows and the markdown table (on rank 0; ``([], "")`` on the others).
     :raises OSError: before any training, if ``out`` is not a folder that can be written to.
     """
     check_source(source, config.splits)
     check_writable(out)
+    if config.nproc > 1 and distributed.world_size() == 1:
+        return distributed.launch(
+            _run_jobs, config.nproc, source, config, out, port=port, timeout=timeout, threads=threads
+        )
+    if distributed.world_size() != config.nproc:
+        raise ValueError(
+            f"run_uci: this process group has {distributed.world_size()} processes but config.nproc is {config.nproc}"
+        )
+    return _run_jobs(source, config, out)
+
+
+def _run_jobs(source: str | Path, config: UCIConfig, out: Path) -> tuple[list[dict[str, Any]], str]:
+    leader = distributed.rank() == 0
     name = dataset_name(source)
     rows: list[dict[str, Any]] = []
     reliability: dict[str, list] = {}
     keys = {split: data_key(source, split) for split in config.splits}
     jobs = [(method, split) for method in config.methods for split in config.splits]
-    for method, split in tqdm(jobs, desc=name, disable=not config.progress):
+    for method, split in tqdm(jobs, desc=name, disable=not (config.progress and leader)):
         path = out / "runs" / name / method / f"split{split}.json"
         fingerprint = config.fingerprint(method, keys[split])
-        saved = _read_saved(path)
+        decision = [_read_saved(path) if leader else None]
+        if distributed.world_size() > 1:
+            dist.broadcast_object_list(decision, src=0)  # every rank trains the split, or none
+        saved = decision[0] or {}
         if saved.get("fingerprint") != fingerprint:
-            row, extra = run_split(source, parse_method(method), split, config)
+            every = config.checkpoint_every
+            checkpoint = Checkpoint(path.with_suffix(".ckpt"), every, fingerprint) if every else None
+            row, extra = run_split(source, parse_method(method), split, config, checkpoint)
             saved = {"fingerprint": fingerprint, "row": row, **extra}
-            write_atomic(path, json.dumps(saved, indent=2))
+            if leader:
+                write_atomic(path, json.dumps(saved, indent=2))
+                path.with_suffix(".ckpt").unlink(missing_ok=True)
         rows.append(saved["row"])
         if "reliability" in saved:
             reliability.setdefault(method, []).append(saved["reliability"])
+    if not leader:
+        return [], ""
     summary = summarize(rows, config.methods)
     text = _table(name, summary, config)
     meta = {"dataset": str(source), "config": json.loads(json.dumps(asdict(config), default=str)), "splits": rows}

@@ -2,7 +2,7 @@
 
 from .annealing import KLAnnealing
 from .autoguide import AutoWHVIGuide
-from .lazy_weight import LazyWeight, VSDWeight, WHVIWeight, local_reparameterization
+from .lazy_weight import LazyWeight, VSDWeight, WHVIWeight, example_seeds, local_reparameterization
 from .model import ModelModule, ModelTransform, remove_transform
 from .reparam import WHVIReparam, g_site_name
 from .vsd import EmpiricalBayesPrior, VSDPosterior, z_site_name
@@ -21,6 +21,7 @@ __all__ = [
     "VSDWeight",
     "WHVIReparam",
     "WHVIWeight",
+    "example_seeds",
     "g_site_name",
     "local_reparameterization",
     "remove_transform",

@@ -25,6 +25,11 @@ own weights) but not any single example's, so ELBO estimates stay unbiased and t
 drops. Switch it off to draw coherent functions (e.g. to plot sampled curves):
 ``with local_reparameterization(False): ...``.
 
+**Seeded draws.** Inside :func:`example_seeds` the noise of example ``i`` is drawn from a generator
+seeded by the ``i``-th seed and the site's name, so that it does not depend on which other examples
+share the batch or the process: a batch split across data-parallel ranks draws exactly what one process
+drawing the whole batch would (:mod:`pyro_whvi.engine` uses it for world-size-independent runs).
+
 VSD: :class:`VSDWeight` is ``diag(xi) Theta`` (noise on the inputs of a linear layer, on the output
 channels of a convolution); ``F.linear`` multiplies the inputs by a fresh ``xi`` per example,
 ``F.conv1d``/``conv2d``/``conv3d`` the output channels (VSD paper §3.4, App. B): dropout-style, the
@@ -35,7 +40,8 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from collections.abc import Iterator
+import zlib
+from collections.abc import Iterator, Sequence
 from contextvars import ContextVar
 
 import torch
@@ -51,6 +57,7 @@ __all__ = [
     "VSDWeight",
     "WHVIWeight",
     "along_examples",
+    "example_seeds",
     "local_reparameterization",
     "local_reparameterization_enabled",
     "scale_along",
@@ -58,6 +65,9 @@ __all__ = [
 
 # The innermost local_reparameterization(...) block of this thread or task, if any.
 _LOCAL_OVERRIDE: ContextVar[bool | None] = ContextVar("pyro_whvi_local_reparameterization", default=None)
+
+# The seeds of the examples of the innermost example_seeds(...) block, if any.
+_EXAMPLE_SEEDS: ContextVar[tuple[int, ...] | None] = ContextVar("pyro_whvi_example_seeds", default=None)
 
 _METADATA = {
     Tensor.size,
@@ -96,6 +106,38 @@ def local_reparameterization_enabled(default: bool) -> bool:
     """The setting in force: the innermost :func:`local_reparameterization` block, else ``default``."""
     override = _LOCAL_OVERRIDE.get()
     return default if override is None else override
+
+
+@contextlib.contextmanager
+def example_seeds(seeds: Sequence[int]) -> Iterator[None]:
+    """Draw the per-example noise of lazy weights created inside the block from one seed per example.
+
+    Example ``i`` of every ``F.linear``/``F.conv*d`` gets the noise that a generator seeded with
+    ``seeds[i]`` and the site's name draws for one example, whatever the batch and the process, and the
+    global random stream is left as it was. Slower than one batched draw (one draw per example); meant
+    for runs that must not depend on how a batch is split (data-parallel equivalence, reproducibility).
+
+    :param seeds: one non-negative integer per example, in the order of the examples.
+    """
+    values = tuple(int(seed) for seed in seeds)
+    if any(seed < 0 for seed in values):
+        raise ValueError("example_seeds: non-negative integer seeds expected.")
+    token = _EXAMPLE_SEEDS.set(values)
+    try:
+        yield
+    finally:
+        _EXAMPLE_SEEDS.reset(token)
+
+
+def _seeded_draws(draw, seeds: tuple[int, ...], site: str, device: torch.device) -> Tensor:
+    """``draw(1)`` once per seed, each from the generator state ``seed`` and ``site`` give, concatenated."""
+    key = zlib.crc32(site.encode())
+    draws = []
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        for seed in seeds:
+            torch.manual_seed((seed * 2_654_435_761 + key) % 2**63)
+            draws.append(draw(1))
+    return torch.cat(draws)
 
 
 def check_example_dim(example_dim, owner: str) -> int:
@@ -149,7 +191,16 @@ class LazyWeight(Tensor):
     def example_noise(self, count: int) -> Tensor:
         """The noise of ``count`` examples: drawn on the first use in this model execution, then reused."""
         if self._example_noise is None:
-            self._example_noise = self.draw_examples(count)
+            seeds = _EXAMPLE_SEEDS.get()
+            if seeds is None:
+                self._example_noise = self.draw_examples(count)
+            elif len(seeds) != count:
+                raise ValueError(
+                    f"{self._label()}: example_seeds gave {len(seeds)} seeds for a batch of {count} examples; "
+                    "pass one seed per example."
+                )
+            else:
+                self._example_noise = _seeded_draws(self.draw_examples, seeds, self.site or "", self.device)
         elif self._example_noise.shape[0] != count:
             raise ValueError(
                 f"{self._label()}: this model execution drew noise for {self._example_noise.shape[0]} examples and "
@@ -268,7 +319,11 @@ class WHVIWeight(LazyWeight):
         return self.distribution.weight(self.g)
 
     def draw_examples(self, count: int) -> Tensor:
-        return self.distribution.g_dist.rsample((count,))
+        g_dist = self.distribution.g_dist
+        # Per-example draws never need their density: a flow's rsample would cache one for each
+        # (seeded draws make one call per example) and push the site's own draw out of its cache.
+        with_log_prob = getattr(g_dist, "rsample_with_log_prob", None)
+        return with_log_prob((count,))[0] if with_log_prob is not None else g_dist.rsample((count,))
 
     def __repr__(self, *, tensor_contents=None):
         layout = self.distribution.layout

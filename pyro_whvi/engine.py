@@ -1,0 +1,279 @@
+r"""The SVI training loop behind every method: Pyro's ELBO as a module, in one process or data-parallel.
+
+:func:`train` optimizes ``Trace_ELBO()(model, guide)`` (Pyro's ``ELBOModule``, the path Pyro documents
+for PyTorch optimizers, Lightning and DDP) with Adam under a :class:`Schedule`. The same loop runs in
+one process and in every rank of a ``torch.distributed`` group (:mod:`pyro_whvi.distributed`):
+
+* **Parameters** are created by one warm-up call of the guide, then wrapped in
+  ``DistributedDataParallel``, which broadcasts rank 0's values and averages the gradients.
+* **Minibatches**: every rank draws the same global batch of ``batch_size`` indices (with replacement,
+  from a generator seeded by ``seed``) and keeps its own contiguous shard of ``batch_size / world``; the
+  likelihood is scaled to the full data set (``num_data``). The average of the ranks' gradients is then
+  the gradient of the whole batch, and one process draws exactly today's batches.
+* **Noise**: ``"per_rank"`` (default) reseeds every rank differently, so each draws its own noise;
+  ``"per_example"`` draws the per-example noise of the structured guides' lazy weights from the example's
+  position in the global batch and the step (:func:`~pyro_whvi.infer.example_seeds`) and keeps the other
+  draws identical on all ranks, so that a run does not depend on the number of processes.
+* **The fixed-noise phase** (regression, App. D.1): the model's ``noise_scale`` gets no update during
+  the first ``fixed_noise_steps``; its learning-rate schedule starts when it starts learning.
+* **Checkpoints** (:class:`Checkpoint`): every ``every`` steps rank 0 writes, atomically, the parameters,
+  Adam's state, the schedule, the batch generator and every rank's random state; a run that finds a
+  checkpoint with its key resumes from it and ends exactly where an uninterrupted run ends.
+
+References:
+    WHVI paper (Rossi et al., NeurIPS 2020), App. D.1 (schedule, fixed noise phase).
+    Pyro's ``examples/svi_lightning.py`` (``ELBOModule`` with DDP).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyro
+import torch
+import torch.distributed as dist
+from pyro.infer import Trace_ELBO
+from torch import Tensor
+from torch.nn.parallel import DistributedDataParallel
+from tqdm.auto import tqdm
+
+from . import distributed
+from ._results import write_atomic
+from .infer import example_seeds
+
+__all__ = ["NOISE_MODES", "Checkpoint", "Schedule", "shard_size", "train"]
+
+NOISE_MODES = ("per_rank", "per_example")
+
+
+@dataclass(frozen=True)
+class Schedule:
+    r"""The training schedule (defaults: the WHVI paper's, App. D.1, with fewer steps).
+
+    :param steps: SVI steps in all, both phases.
+    :param fixed_noise_steps: first steps with the Gaussian noise scale held at its initial value.
+    :param batch_size: examples per step, over all processes (``None`` or ``>= N``: full batch).
+    :param lr: :math:`\lambda_0`, Adam's initial learning rate.
+    :param lr_gamma: :math:`\gamma` in :math:`\lambda_t = \lambda_0 (1 + \gamma t)^{-p}`.
+    :param lr_power: :math:`p` (0 keeps the learning rate constant).
+    """
+
+    steps: int = 20000
+    fixed_noise_steps: int = 500
+    batch_size: int | None = 64
+    lr: float = 1e-3
+    lr_gamma: float = 5e-4
+    lr_power: float = 0.3
+
+    def __post_init__(self) -> None:
+        if self.steps < 1 or self.fixed_noise_steps < 0 or (self.batch_size is not None and self.batch_size < 1):
+            raise ValueError(f"Schedule: steps >= 1, fixed_noise_steps >= 0 and batch_size >= 1 expected, got {self}.")
+        if self.lr <= 0 or self.lr_gamma < 0 or self.lr_power < 0:
+            raise ValueError(f"Schedule: lr > 0, lr_gamma >= 0 and lr_power >= 0 expected, got {self}.")
+
+    def lr_factor(self, step: int) -> float:
+        r""":math:`(1 + \gamma t)^{-p}` at step ``t`` (negative steps: 1)."""
+        return (1.0 + self.lr_gamma * max(step, 0)) ** -self.lr_power
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """Where and how often :func:`train` saves its state, and the key a saved state must carry to be resumed.
+
+    :param path: the checkpoint file (written by rank 0; every rank reads it, so multi-machine runs need
+        a shared folder).
+    :param every: steps between checkpoints (the last step writes none: the caller stores the result).
+    :param key: what identifies the run (e.g. a hash of its settings and data); a file with another key,
+        another number of processes or another noise mode is ignored with a warning.
+    """
+
+    path: Path
+    every: int = 1000
+    key: str = ""
+
+    def __post_init__(self) -> None:
+        if self.every < 1:
+            raise ValueError(f"Checkpoint: every >= 1 step expected, got {self.every}.")
+
+
+def _noise_parameter(model) -> torch.nn.Parameter | None:
+    """The unconstrained parameter of a Gaussian model's learned ``noise_scale``, if it has one."""
+    if getattr(model, "likelihood", None) != "gaussian":
+        return None
+    parameter = getattr(model, "_parameters", {}).get("noise_scale_unconstrained")
+    return parameter if isinstance(parameter, torch.nn.Parameter) else None
+
+
+def shard_size(global_batch: int, world: int) -> int:
+    """The examples each of ``world`` processes takes from a batch of ``global_batch``; a ``ValueError``
+    saying what to change when they cannot share it evenly."""
+    if global_batch < world or global_batch % world:
+        raise ValueError(
+            f"a batch of {global_batch} examples cannot be split evenly over {world} processes: use a batch size that "
+            f"is a multiple of the number of processes (each rank takes batch_size / {world}), or fewer processes."
+        )
+    return global_batch // world
+
+
+def _noise_scope(noise: str, seeds: range):
+    return example_seeds(seeds) if noise == "per_example" else contextlib.nullcontext()
+
+
+def _rng_state(device: torch.device) -> dict[str, Tensor]:
+    state = {"cpu": torch.get_rng_state()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def _set_rng_state(state: dict[str, Tensor], device: torch.device) -> None:
+    torch.set_rng_state(state["cpu"])
+    if "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
+def _read_checkpoint(checkpoint: Checkpoint, world: int, noise: str) -> dict | None:
+    path = checkpoint.path
+    if not path.exists():
+        return None
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # truncated by hand, another format: start again rather than fail
+        warnings.warn(f"{path} is unreadable ({error}); training from the start", stacklevel=3)
+        return None
+    saved = (state.get("key"), state.get("world_size"), state.get("noise"))
+    if saved != (checkpoint.key, world, noise):
+        warnings.warn(
+            f"{path} belongs to another run (key, processes, noise {saved} instead of "
+            f"{(checkpoint.key, world, noise)}); training from the start",
+            stacklevel=3,
+        )
+        return None
+    return state
+
+
+def train(
+    model,
+    guide,
+    x: Tensor,
+    y: Tensor,
+    schedule: Schedule = Schedule(),
+    *,
+    seed: int = 0,
+    initialize: Callable[[], None] | None = None,
+    progress: bool | str = True,
+    checkpoint: Checkpoint | None = None,
+    noise: str = "per_rank",
+) -> list[float]:
+    """Fit ``guide`` to ``model`` on ``(x, y)`` with ``Trace_ELBO`` and Adam under ``schedule``.
+
+    Call it in every rank of a process group for data-parallel training (see the module docstring);
+    the model must take ``(x, y, num_data=...)`` like :class:`~pyro_whvi.models.BayesianMLP`.
+
+    :param seed: seeds the minibatches (and, data-parallel, each rank's noise).
+    :param initialize: called before the warm-up unless a checkpoint is resumed (e.g. I-BLM).
+    :param progress: show a progress bar on rank 0 (a string is its label).
+    :param checkpoint: save and resume here (see :class:`Checkpoint`).
+    :param noise: ``"per_rank"`` or ``"per_example"`` (see the module docstring).
+    :returns: this rank's loss (negative ELBO estimate) at every step, resumed steps included.
+    """
+    if x.shape[0] != y.shape[0]:
+        raise ValueError(f"train: x has {x.shape[0]} rows but y has {y.shape[0]}.")
+    if noise not in NOISE_MODES:
+        raise ValueError(f"train: noise must be one of {NOISE_MODES}, got {noise!r}")
+    world, rank = distributed.world_size(), distributed.rank()
+    num_data = x.shape[0]
+    global_batch = min(schedule.batch_size or num_data, num_data)
+    local = shard_size(global_batch, world)
+    state = _read_checkpoint(checkpoint, world, noise) if checkpoint is not None else None
+    if state is None and initialize is not None:
+        initialize()
+    scaled = {"num_data": num_data} if local < num_data else {}
+    # Create the guide's parameters before the optimizer and DDP see them ("per_example": seeded draws
+    # leave the global random stream as a run with another number of processes leaves it).
+    with torch.no_grad(), pyro.validation_enabled(False), _noise_scope(noise, range(local)):
+        guide(x[:local], y[:local], **scaled)
+
+    elbo = Trace_ELBO()(model, guide)
+    noise_scale = _noise_parameter(model)
+    others = [p for p in elbo.parameters() if p is not noise_scale]
+    groups: list[dict] = [{"params": others}]
+    factors: list[Callable[[int], float]] = [schedule.lr_factor]
+    if noise_scale is not None:
+        fixed = schedule.fixed_noise_steps
+        groups.append({"params": [noise_scale]})
+        factors.append(lambda step: schedule.lr_factor(step - fixed))
+    optimizer = torch.optim.Adam(groups, lr=schedule.lr)
+    lr_schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, factors)
+    batches = torch.Generator().manual_seed(seed)
+    losses: list[float] = []
+    start = 0
+    if state is not None:
+        elbo.load_state_dict(state["elbo"])
+        optimizer.load_state_dict(state["optimizer"])
+        lr_schedule.load_state_dict(state["lr_schedule"])
+        batches.set_state(state["batches"])
+        _set_rng_state(state["rng"][rank], x.device)
+        losses, start = list(state["losses"]), int(state["step"])
+    elif world > 1 and noise == "per_rank":
+        pyro.set_rng_seed((seed + 7919 * (rank + 1)) % 2**32)
+
+    step_loss: torch.nn.Module = elbo
+    if world > 1:
+        device_ids = [x.device.index] if x.device.type == "cuda" else None
+        step_loss = DistributedDataParallel(elbo, device_ids=device_ids)
+    fixed_phase = schedule.fixed_noise_steps if noise_scale is not None else 0
+    label = progress if isinstance(progress, str) else "training"
+    steps = range(start, schedule.steps)
+    bar = tqdm(steps, desc=label, disable=not progress or rank != 0, leave=False, mininterval=1.0, initial=start)
+    with pyro.validation_enabled(False):
+        for step in bar:
+            if global_batch < num_data:
+                index = torch.randint(num_data, (global_batch,), generator=batches)[rank * local : (rank + 1) * local]
+                x_batch, y_batch = x[index.to(x.device)], y[index.to(y.device)]
+            else:  # full batch: each rank its slice
+                x_batch, y_batch = x[rank * local : (rank + 1) * local], y[rank * local : (rank + 1) * local]
+            optimizer.zero_grad(set_to_none=True)
+            first = (seed * 1_000_003 + step) * 2**24 + rank * local  # the shard's positions in the global batch
+            with _noise_scope(noise, range(first, first + local)):
+                loss = step_loss(x_batch, y_batch, **scaled)
+            loss.backward()
+            if step < fixed_phase:
+                noise_scale.grad = None  # type: ignore[union-attr]
+            optimizer.step()
+            lr_schedule.step()
+            losses.append(float(loss.detach()))
+            if checkpoint is not None and (step + 1) % checkpoint.every == 0 and step + 1 < schedule.steps:
+                _save(checkpoint, elbo, optimizer, lr_schedule, batches, losses, step + 1, world, rank, noise, x.device)
+    return losses
+
+
+def _save(checkpoint, elbo, optimizer, lr_schedule, batches, losses, step, world, rank, noise, device) -> None:
+    """Gather every rank's random state and let rank 0 write the checkpoint atomically."""
+    rng = [_rng_state(device)]
+    if world > 1:
+        gathered: list = [None] * world
+        dist.all_gather_object(gathered, rng[0])
+        rng = gathered
+    if rank != 0:
+        return
+    state = {
+        "key": checkpoint.key,
+        "world_size": world,
+        "noise": noise,
+        "step": step,
+        "elbo": elbo.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "lr_schedule": lr_schedule.state_dict(),
+        "batches": batches.get_state(),
+        "rng": rng,
+        "losses": losses,
+    }
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    write_atomic(checkpoint.path, buffer.getvalue())

@@ -1,0 +1,231 @@
+"""Data-parallel training: every guide under DistributedDataParallel on two loopback processes (gloo).
+
+Exactness comes from the per-example seeded noise of the engine (``noise="per_example"``): the noise
+of an example depends on its position in the global batch and the step, never on the process that
+draws it, so two ranks on two shards must reproduce one process on their union — the gradient to
+float64 round-off, 50 training steps to 1e-5.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyro
+import pytest
+import torch
+from pyro.infer import Trace_ELBO
+from pyro.infer.autoguide import AutoNormal
+from torch.nn.parallel import DistributedDataParallel
+
+from pyro_whvi import AutoVSDGuide, AutoWHVIGuide, distributed, iblm_
+from pyro_whvi.engine import Schedule, shard_size
+from pyro_whvi.infer import example_seeds
+from pyro_whvi.methods import fit
+from pyro_whvi.models import BayesianMLP
+
+from .helpers import ROOT
+
+GUIDES = {
+    "whvi": lambda model: AutoWHVIGuide(model),
+    "whvi-full": lambda model: AutoWHVIGuide(model, covariance="full"),
+    "whvi-lowrank": lambda model: AutoWHVIGuide(model, covariance="lowrank", rank=2),
+    "nf-whvi": lambda model: AutoWHVIGuide(model, flows=2),
+    "whvi-paper": lambda model: AutoWHVIGuide(model, preset="paper"),
+    "vsd": lambda model: AutoVSDGuide(model, reflections=2),
+    "vsd-h": lambda model: AutoVSDGuide(model, hierarchical=True),
+    "mfg": lambda model: AutoNormal(model),
+    "whvi+iblm": lambda model: AutoWHVIGuide(model),
+    "mfg+iblm": lambda model: AutoNormal(model),
+}
+NUM_DATA, WIDTHS = 32, [3, 16, 16, 1]
+
+
+def _data() -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(NUM_DATA, WIDTHS[0], generator=generator, dtype=torch.float64)
+    y = torch.sin(x.sum(-1)) + 0.1 * torch.randn(NUM_DATA, generator=generator, dtype=torch.float64)
+    return x, y
+
+
+def _model_and_guide(kind: str, x, y):
+    pyro.clear_param_store()
+    pyro.set_rng_seed(1)
+    model = BayesianMLP(WIDTHS)
+    guide = GUIDES[kind](model)
+    if kind.endswith("+iblm"):
+        iblm_(guide, (x, y), batch_size=NUM_DATA, progress=False)
+    return model, guide
+
+
+def elbo_gradients(kinds: list[str]) -> dict[str, dict[str, torch.Tensor]]:
+    """The ELBO gradient of each guide on this rank's shard of the data (averaged over the ranks by DDP),
+    in float64, every draw fixed by the global seed and the examples' positions."""
+    torch.set_default_dtype(torch.float64)
+    world, rank = distributed.world_size(), distributed.rank()
+    local = shard_size(NUM_DATA, world)
+    x, y = _data()
+    shard = slice(rank * local, (rank + 1) * local)
+    gradients = {}
+    for kind in kinds:
+        model, guide = _model_and_guide(kind, x, y)
+        with torch.no_grad(), example_seeds(range(local)):
+            guide(x[:local], y[:local], num_data=NUM_DATA)
+        elbo = Trace_ELBO()(model, guide)
+        loss_of = DistributedDataParallel(elbo) if world > 1 else elbo
+        with example_seeds(range(rank * local, (rank + 1) * local)):
+            loss = loss_of(x[shard], y[shard], num_data=NUM_DATA)
+        loss.backward()
+        gradients[kind] = {name: p.grad.clone() for name, p in elbo.named_parameters() if p.grad is not None}
+    return gradients
+
+
+def fitted_parameters(kinds: list[str], steps: int) -> dict[str, dict[str, torch.Tensor]]:
+    """Parameters after ``steps`` engine steps (global batch 16 of 32, noise per example), float64."""
+    torch.set_default_dtype(torch.float64)
+    x, y = _data()
+    result = {}
+    for kind in kinds:
+        model, guide = _model_and_guide(kind.removesuffix("+iblm"), x, y)
+        schedule = Schedule(steps=steps, fixed_noise_steps=10, batch_size=16, lr=0.01)
+        fit(kind, model, guide, x, y, schedule, seed=3, progress=False, noise="per_example")
+        result[kind] = {name: p.detach().clone() for name, p in Trace_ELBO()(model, guide).named_parameters()}
+    return result
+
+
+def _compare(two_ranks: dict, one_rank: dict, **tolerance) -> None:
+    assert two_ranks.keys() == one_rank.keys()
+    for kind in one_rank:
+        assert two_ranks[kind].keys() == one_rank[kind].keys(), kind
+        assert len(one_rank[kind]) > 2, f"{kind}: too few parameters with a gradient"
+        for name, value in one_rank[kind].items():
+            message = f"{kind} {name}"
+            torch.testing.assert_close(
+                two_ranks[kind][name], value, **tolerance, msg=lambda m, at=message: f"{at}: {m}"
+            )
+
+
+@pytest.fixture
+def float64():
+    previous = torch.get_default_dtype()
+    yield
+    torch.set_default_dtype(previous)
+
+
+def test_two_ranks_average_to_the_gradient_on_the_union_of_their_shards(float64):
+    kinds = list(GUIDES)
+    two_ranks = distributed.launch(elbo_gradients, 2, kinds, threads=1)
+    one_rank = elbo_gradients(kinds)
+    # float64: the only difference is the order of the sums (two halves averaged vs one sum)
+    _compare(two_ranks, one_rank, rtol=1e-9, atol=1e-11)
+
+
+def test_fifty_steps_on_two_ranks_equal_fifty_steps_in_one_process(float64):
+    kinds = ["whvi", "nf-whvi", "vsd", "mfg", "whvi+iblm"]
+    two_ranks = distributed.launch(fitted_parameters, 2, kinds, 50, threads=1)
+    one_rank = fitted_parameters(kinds, 50)
+    _compare(two_ranks, one_rank, rtol=0, atol=1e-5)
+
+
+# ---- whvi uci --nproc: checkpoints, a rank that dies, resuming, torchrun, bad input ----
+
+UCI_ARGS = ["--dataset", "diabetes", "--methods", "whvi", "--splits", "0", "--steps", "600", "--batch-size", "32"]
+UCI_ARGS += ["--samples", "8", "--threads", "1", "--checkpoint-every", "50"]
+
+
+def _uci_command(out: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "pyro_whvi", "uci", *UCI_ARGS, "--out", str(out), *extra]
+
+
+def _environment() -> dict[str, str]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.pop("PYRO_WHVI_BACKEND", None)
+    return env
+
+
+def _uci(out: Path, *extra: str, launcher: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
+    command = _uci_command(out, *extra)
+    if launcher:
+        command = [sys.executable, *launcher, *command[1:]]  # torchrun ... -m pyro_whvi uci ...
+    return subprocess.run(command, capture_output=True, text=True, env=_environment(), timeout=300)
+
+
+def _row(out: Path) -> dict:
+    row = json.loads((out / "runs" / "diabetes" / "whvi" / "split0.json").read_text())["row"]
+    row.pop("train_seconds")
+    return row
+
+
+def _spawned_children(pid: int) -> list[int]:
+    children = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            command = (stat.parent / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and b"spawn_main" in command:
+            children.append(int(stat.parent.name))
+    return sorted(children)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> dict:
+    out = tmp_path_factory.mktemp("uninterrupted")
+    result = _uci(out, "--nproc", "2")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert not list(out.rglob("*.ckpt")), "a finished split leaves no checkpoint"
+    return _row(out)
+
+
+def test_a_run_whose_rank_dies_stops_cleanly_and_resumes_to_the_uninterrupted_result(uninterrupted, tmp_path):
+    checkpoint = tmp_path / "runs" / "diabetes" / "whvi" / "split0.ckpt"
+    run = subprocess.Popen(
+        _uci_command(tmp_path, "--nproc", "2"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_environment(),
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not checkpoint.exists():
+            assert run.poll() is None and time.monotonic() < deadline, "no checkpoint was written"
+            time.sleep(0.05)
+        victims = _spawned_children(run.pid)
+        assert len(victims) == 2
+        os.kill(victims[-1], signal.SIGKILL)
+        _, stderr = run.communicate(timeout=60)  # no hang: the other rank is stopped
+    finally:
+        run.kill()
+    assert run.returncode == 1
+    assert "was killed by SIGKILL" in stderr and "resume" in stderr, stderr[-2000:]
+    saved = torch.load(checkpoint, weights_only=True)  # intact: written atomically
+    assert 0 < saved["step"] < 600 and saved["step"] % 50 == 0 and len(saved["rng"]) == 2
+    resumed = _uci(tmp_path, "--nproc", "2")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert _row(tmp_path) == uninterrupted  # the same numbers, not merely close
+
+
+def test_torchrun_runs_the_same_training_as_nproc(uninterrupted, tmp_path):
+    launcher = ("-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(distributed.free_port()))
+    result = _uci(tmp_path, launcher=launcher)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert _row(tmp_path) == uninterrupted
+
+
+def test_bad_parallel_settings_fail_before_any_process_starts(tmp_path):
+    result = _uci(tmp_path, "--nproc", "3")
+    assert result.returncode == 2 and "cannot be split evenly over 3 processes" in result.stderr
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        result = _uci(tmp_path, "--nproc", "2", "--master-port", str(busy.getsockname()[1]))
+    assert result.returncode == 2 and "is in use" in result.stderr, result.stderr
+    assert not list(tmp_path.rglob("*.json"))
