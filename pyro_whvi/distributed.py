@@ -147,7 +147,9 @@ def launch(
         results = Path(folder) / "rank0.pt"
         worker_args = (function, args, nproc, port, device, timeout.total_seconds(), threads, str(results))
         try:
-            mp.start_processes(_worker, args=worker_args, nprocs=nproc, join=True, start_method="spawn")
+            context = mp.start_processes(_worker, args=worker_args, nprocs=nproc, join=False, start_method="spawn")
+            while not context.join(grace_period=5.0):  # a failure stops the others: SIGTERM, SIGKILL 5 s later
+                pass
         except mp.ProcessRaisedException as error:
             raise RuntimeError(f"rank {error.error_index} of {nproc} failed: {_last_error(str(error))}") from None
         except mp.ProcessExitedException as error:

@@ -5,7 +5,9 @@ for PyTorch optimizers, Lightning and DDP) with Adam under a :class:`Schedule`. 
 one process and in every rank of a ``torch.distributed`` group (:mod:`pyro_whvi.distributed`):
 
 * **Parameters** are created by one warm-up call of the guide, then wrapped in
-  ``DistributedDataParallel``, which broadcasts rank 0's values and averages the gradients.
+  ``DistributedDataParallel``, which broadcasts rank 0's values (and buffers, once: a buffer a model
+  updates during training, such as BatchNorm's running statistics, stays per rank) and averages the
+  gradients.
 * **Minibatches**: every rank draws the same global batch of ``batch_size`` indices (with replacement,
   from a generator seeded by ``seed``) and keeps its own contiguous shard of ``batch_size / world``; the
   likelihood is scaled to the full data set (``num_data``). The average of the ranks' gradients is then
@@ -226,7 +228,10 @@ def train(
     step_loss: torch.nn.Module = elbo
     if world > 1:
         device_ids = [x.device.index] if x.device.type == "cuda" else None
-        step_loss = DistributedDataParallel(elbo, device_ids=device_ids)
+        # Buffers (prior scales, fixed signs) are synchronized once here, not before every step.
+        step_loss = DistributedDataParallel(
+            elbo, device_ids=device_ids, broadcast_buffers=False, gradient_as_bucket_view=True
+        )
     fixed_phase = schedule.fixed_noise_steps if noise_scale is not None else 0
     label = progress if isinstance(progress, str) else "training"
     steps = range(start, schedule.steps)

@@ -10,7 +10,9 @@ Each (method, split) is trained with :func:`pyro_whvi.methods.fit` and written t
 ``<out>/runs/<dataset>/<method>/split<k>.json`` with a fingerprint of the settings and of the data (the
 folder's resolved path and a hash of the files the split is read from); a rerun with the same settings
 on the same data reads finished splits instead of training them again. The summary (mean and standard
-error over splits) goes to ``<out>/uci_<dataset>.{json,csv,md}``.
+error over splits) goes to ``<out>/uci_<dataset>.{json,csv,md}``. With ``nproc > 1`` (or under
+``torchrun``) each split is trained data-parallel (:mod:`pyro_whvi.engine`); a split's training state
+is checkpointed next to its result and a rerun resumes it.
 
 Metrics (Monte-Carlo predictive with ``samples`` posterior draws): regression — test RMSE and MNLL
 (negative log of the predictive mixture density, averaged over test points); classification — error

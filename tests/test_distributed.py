@@ -8,6 +8,7 @@ float64 round-off, 50 training steps to 1e-5.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -229,3 +230,26 @@ def test_bad_parallel_settings_fail_before_any_process_starts(tmp_path):
         result = _uci(tmp_path, "--nproc", "2", "--master-port", str(busy.getsockname()[1]))
     assert result.returncode == 2 and "is in use" in result.stderr, result.stderr
     assert not list(tmp_path.rglob("*.json"))
+
+
+def test_a_stalled_rank_makes_the_others_time_out_instead_of_hanging(tmp_path):
+    checkpoint = tmp_path / "runs" / "diabetes" / "whvi" / "split0.ckpt"
+    command = _uci_command(tmp_path, "--nproc", "2", "--timeout", "5")
+    run = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_environment())
+    victims: list[int] = []
+    try:
+        deadline = time.monotonic() + 120
+        while not checkpoint.exists():
+            assert run.poll() is None and time.monotonic() < deadline, "no checkpoint was written"
+            time.sleep(0.05)
+        victims = _spawned_children(run.pid)
+        os.kill(victims[-1], signal.SIGSTOP)  # alive but silent: only a timeout can end the others' wait
+        stalled = time.monotonic()
+        _, stderr = run.communicate(timeout=90)
+    finally:
+        run.kill()
+        for pid in victims:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    assert run.returncode == 1 and "Timed out" in stderr, stderr[-2000:]
+    assert time.monotonic() - stalled < 60
