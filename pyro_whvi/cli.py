@@ -4,6 +4,7 @@
     whvi uci [--data-dir DIR | --dataset diabetes] [--methods mfg,mcd,whvi] [--splits 0-4] [--steps N] ...
     whvi gp [--quick] [--functions ...] [--methods rf,rf-whvi,svgp-gpytorch,svgp-gpflow] [--out DIR]
     whvi bench [fwht,svi,vsd,gp] [--quick] [--out DIR]
+    whvi synthetic [--out DIR] [--functions borehole,...] [--rows N] [--noise F] [--splits K]
 
 Bad arguments and bad data get a one-line error (exit status 2), not a traceback.
 """
@@ -80,7 +81,61 @@ def _parser() -> argparse.ArgumentParser:
     add_arguments(gp, Path("whvi_gp"))
     gp.set_defaults(subparser=gp)  # finish_arguments reports bad values through the subcommand's parser
     _add_bench(commands)
+    _add_synthetic(commands)
     return parser
+
+
+def _add_synthetic(commands) -> None:
+    from .data.synthetic import SYNTHETIC_FUNCTIONS
+
+    names = tuple(SYNTHETIC_FUNCTIONS)
+    synthetic = commands.add_parser(
+        "synthetic",
+        help="regression sets with known noise, in the UCI split format: a bench whose best MNLL and RMSE are known",
+        description=(
+            "Write each closed-form function (WHVI App. D.4) on a Latin hypercube of its domain, plus Gaussian noise "
+            "of standard deviation sigma = NOISE x std(f), as OUT/<function>/ in the UCI split format, with sigma in "
+            "noise_std.txt. `whvi uci --data-dir OUT/<function>` then reports every method's distance to the floor "
+            "(best RMSE sigma, best MNLL 0.5 log(2 pi sigma^2) + 0.5) and its noise estimate over sigma."
+        ),
+    )
+    synthetic.add_argument("--out", type=Path, default=Path("whvi_synthetic"), help="output folder")
+    synthetic.add_argument(
+        "--functions",
+        type=lambda text: _choices(text, names, "--functions"),
+        default=names,
+        help=f"comma-separated, from {','.join(names)} (default all)",
+    )
+    synthetic.add_argument("--rows", type=_positive, default=20_000, help="rows per set (default 20000)")
+    synthetic.add_argument("--noise", type=_positive_float, default=0.2, help="sigma / std(f) (default 0.2)")
+    synthetic.add_argument("--splits", type=_positive, default=5, help="random 90/10 splits (default 5)")
+    synthetic.add_argument("--seed", type=_nonnegative, default=0)
+    synthetic.set_defaults(subparser=synthetic)
+
+
+def _choices(text: str, names: tuple[str, ...], flag: str) -> tuple[str, ...]:
+    chosen = tuple(name.strip() for name in text.split(",") if name.strip())
+    unknown = [name for name in chosen if name not in names]
+    if unknown or not chosen:
+        raise argparse.ArgumentTypeError(f"{flag}: choose from {','.join(names)}, got {text!r}")
+    return chosen
+
+
+def _synthetic(args: argparse.Namespace) -> int:
+    from ._results import check_writable
+    from .data.noisy_sets import write_noisy_set
+
+    try:
+        check_writable(args.out)
+        for name in args.functions:
+            sigma = write_noisy_set(
+                name, args.out / name, num_points=args.rows, noise=args.noise, splits=args.splits, seed=args.seed
+            )
+            print(f"wrote {args.out / name} (sigma = {sigma:.4g})")
+    except (ValueError, OSError) as error:
+        args.subparser.error(str(error))
+    print(f"\nnext: whvi uci --data-dir {args.out / args.functions[0]} --methods whvi,mcd --splits 0-{args.splits - 1}")
+    return 0
 
 
 def _add_bench(commands) -> None:
@@ -338,6 +393,8 @@ def main(argv: list[str] | None = None) -> int:
         return _uci(args)
     if args.command == "bench":
         return _bench(args)
+    if args.command == "synthetic":
+        return _synthetic(args)
     if args.command == "demo":
         if args.out.exists() and not args.out.is_dir():
             print(f"whvi demo: --out {args.out} exists and is not a folder", file=sys.stderr)

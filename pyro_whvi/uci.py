@@ -45,6 +45,7 @@ from . import distributed
 from ._plots import draw_reliability
 from ._results import check_writable, save_tables, write_atomic
 from .data import gaussian_mnll, load_breast_cancer_split, load_diabetes_split, load_digits_split, load_uci_split, rmse
+from .data.noisy_sets import NOISE_FILE, noise_floor, read_noise_std
 from .data.uci import num_uci_splits, uci_split_files
 from .engine import Checkpoint, shard_size
 from .methods import MethodSpec, Schedule, build_method, fit, parse_method, predictive_samples
@@ -74,6 +75,10 @@ REGRESSION_METRICS = ("rmse", "mnll")
 # Bumped when a method's construction changes, so that its stored splits are trained again.
 _VERSIONS = {name: 2 for name in ("whvi", "nf-whvi", "whvi+iblm", "nf-whvi+iblm")}
 CLASSIFICATION_METRICS = ("error", "nll", "ece", "entropy")
+# With a known noise level (a folder written by pyro_whvi.data.noisy_sets): test MNLL minus the best
+# possible, test RMSE over the noise's sigma (1 at best) and the estimated noise scale over sigma.
+FLOOR_METRICS = ("mnll_gap", "rmse_ratio", "noise_ratio")
+FLOOR_LABELS = {"mnll_gap": "MNLL - floor", "rmse_ratio": "RMSE / σ", "noise_ratio": "noise / σ"}
 # Bumped when the training loop changes every method's numbers. 2: pyro_whvi.engine (the noise scale's
 # Adam state no longer starts from the gradient summed over the fixed-noise phase).
 ENGINE_VERSION = 2
@@ -194,6 +199,7 @@ def check_source(source: str | Path, splits: tuple[int, ...]) -> None:
         raise ValueError(f"{source} has {has}; asked for {listed}")
     for split in splits:
         load_uci_split(source, split)
+    read_noise_std(source)  # a damaged noise_std.txt is reported now, not after training
 
 
 def load_dataset_split(source: str | Path, split: int) -> UCIData:
@@ -284,7 +290,7 @@ def summarize(rows: list[dict[str, Any]], methods: tuple[str, ...]) -> list[dict
         if not mine:
             continue
         entry: dict[str, Any] = {"method": method, "splits": len(mine), "parameters": mine[0]["variational_parameters"]}
-        for metric in (*REGRESSION_METRICS, *CLASSIFICATION_METRICS, "train_seconds"):
+        for metric in (*REGRESSION_METRICS, *FLOOR_METRICS, *CLASSIFICATION_METRICS, "train_seconds"):
             if metric in mine[0]:
                 entry[metric], entry[metric + "_se"] = mean_and_standard_error(r[metric] for r in mine)
         summary.append(entry)
@@ -292,7 +298,7 @@ def summarize(rows: list[dict[str, Any]], methods: tuple[str, ...]) -> list[dict
 
 
 def _table(name: str, summary: list[dict[str, Any]], config: UCIConfig) -> str:
-    metrics = [m for m in (*REGRESSION_METRICS, *CLASSIFICATION_METRICS) if m in summary[0]]
+    metrics = [m for m in (*REGRESSION_METRICS, *FLOOR_METRICS, *CLASSIFICATION_METRICS) if m in summary[0]]
     schedule = config.schedule
     fixed = min(schedule.fixed_noise_steps, schedule.steps)
     noise = f" (noise fixed for the first {fixed})" if "rmse" in metrics and fixed else ""
@@ -300,13 +306,26 @@ def _table(name: str, summary: list[dict[str, Any]], config: UCIConfig) -> str:
         f"### {name}: {config.layers}x{config.hidden} ReLU, {schedule.steps} steps{noise}, batch "
         f"{schedule.batch_size}, lr {schedule.lr:g}, {config.samples} test samples; mean ± standard error over splits",
         "",
-        "| method | splits | variational params | " + " | ".join(f"test {m.upper()}" for m in metrics) + " | s/split |",
+        "| method | splits | variational params | "
+        + " | ".join(FLOOR_LABELS.get(m, f"test {m.upper()}") for m in metrics)
+        + " | s/split |",
         "|---|---|---|" + "---|" * len(metrics) + "---|",
     ]
     for e in summary:
         cells = " | ".join(f"{e[m]:.3f} ± {e[m + '_se']:.3f}" for m in metrics)
         lines.append(f"| {e['method']} | {e['splits']} | {e['parameters']:,} | {cells} | {e['train_seconds']:.0f} |")
     return "\n".join(lines)
+
+
+def _with_floor(row: dict[str, Any], sigma: float) -> dict[str, Any]:
+    """``row`` with its distance to the floor that a known noise level ``sigma`` sets."""
+    floor = noise_floor(sigma)
+    return {
+        **row,
+        "mnll_gap": row["mnll"] - floor["mnll_floor"],
+        "rmse_ratio": row["rmse"] / sigma,
+        "noise_ratio": row["noise_scale"] / sigma,
+    }
 
 
 def _read_saved(path: Path) -> dict[str, Any]:
@@ -391,8 +410,17 @@ def _run_jobs(source: str | Path, config: UCIConfig, out: Path) -> tuple[list[di
             reliability.setdefault(method, []).append(saved["reliability"])
     if not leader:
         return [], ""
+    sigma = None if _bundled(source) else read_noise_std(source)
+    if sigma is not None:
+        rows = [_with_floor(row, sigma) for row in rows]
     summary = summarize(rows, config.methods)
     text = _table(name, summary, config)
+    if sigma is not None:
+        floor = noise_floor(sigma)
+        text += (
+            f"\n\nKnown noise σ = {sigma:.4g} ({NOISE_FILE}): the best possible test RMSE is σ and the best test MNLL "
+            f"{floor['mnll_floor']:.3f}."
+        )
     meta = {"dataset": str(source), "config": json.loads(json.dumps(asdict(config), default=str)), "splits": rows}
     save_tables(out, f"uci_{name}", meta, summary, text)
     if reliability:

@@ -1,0 +1,68 @@
+"""Regression sets with known noise (``whvi synthetic``) and the harness's distance to their floor."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from pyro_whvi.cli import main
+from pyro_whvi.data import load_uci_split
+from pyro_whvi.data.noisy_sets import noise_floor, read_noise_std, write_noisy_set
+from pyro_whvi.data.synthetic import SYNTHETIC_FUNCTIONS
+from pyro_whvi.methods import Schedule
+from pyro_whvi.uci import UCIConfig, run_uci
+
+
+@pytest.mark.parametrize("name", list(SYNTHETIC_FUNCTIONS))
+def test_written_set_is_the_function_plus_noise_of_the_stated_sigma(name, tmp_path):
+    sigma = write_noisy_set(name, tmp_path, num_points=4000, noise=0.3, splits=2, seed=1)
+    assert read_noise_std(tmp_path) == pytest.approx(sigma, rel=1e-15)
+    data = np.loadtxt(tmp_path / "data.txt")
+    dim = SYNTHETIC_FUNCTIONS[name].dim
+    f = SYNTHETIC_FUNCTIONS[name](data[:, :dim])
+    assert sigma == pytest.approx(0.3 * f.std(), rel=1e-12)  # sigma is exactly the stated fraction of std(f)
+    residual = data[:, dim] - f
+    # the sample std of 4000 normals is within 4 standard errors (sigma / sqrt(2 * 4000)) of sigma
+    assert abs(residual.std() - sigma) < 4 * sigma / math.sqrt(2 * 4000)
+    assert abs(residual.mean()) < 4 * sigma / math.sqrt(4000)
+    split = load_uci_split(tmp_path, 1)
+    assert split.x_train.shape == (3600, dim) and split.x_test.shape == (400, dim)
+    assert json.loads((tmp_path / "README.json").read_text())["function"] == name
+
+
+def test_floor_is_the_entropy_of_the_noise():
+    for sigma in (0.01, 0.3, 7.0):
+        entropy = torch.distributions.Normal(0.0, sigma).entropy().item()
+        assert noise_floor(sigma) == {"rmse_floor": sigma, "mnll_floor": pytest.approx(entropy, abs=1e-6)}
+
+
+def test_harness_reports_the_distance_to_the_floor(tmp_path):
+    sigma = write_noisy_set("otlcircuit", tmp_path / "otl", num_points=300, splits=1)
+    config = UCIConfig(methods=("mfg",), splits=(0,), schedule=Schedule(steps=40, fixed_noise_steps=10), samples=4)
+    summary, text = run_uci(tmp_path / "otl", config, tmp_path / "out")
+    row = json.loads((tmp_path / "out" / "uci_otl.json").read_text())["meta"]["splits"][0]
+    floor = noise_floor(sigma)
+    assert row["mnll_gap"] == pytest.approx(row["mnll"] - floor["mnll_floor"])
+    assert row["rmse_ratio"] == pytest.approx(row["rmse"] / sigma)
+    assert row["noise_ratio"] == pytest.approx(row["noise_scale"] / sigma)
+    assert summary[0]["mnll_gap"] == pytest.approx(row["mnll_gap"])
+    assert "MNLL - floor" in text and f"{floor['mnll_floor']:.3f}" in text
+
+
+def test_bad_noise_file_and_bad_arguments_are_refused(tmp_path, capsys):
+    write_noisy_set("hartmann6", tmp_path / "h", num_points=50, splits=1)
+    (tmp_path / "h" / "noise_std.txt").write_text("-1\n")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["uci", "--data-dir", str(tmp_path / "h"), "--splits", "0", "--out", str(tmp_path / "o")])
+    assert exit_info.value.code == 2 and "noise_std.txt" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        main(["synthetic", "--functions", "borehole,nope", "--out", str(tmp_path / "s")])
+    assert exit_info.value.code == 2 and "--functions" in capsys.readouterr().err
+    assert (
+        main(["synthetic", "--functions", "robot", "--rows", "40", "--splits", "1", "--out", str(tmp_path / "s")]) == 0
+    )
+    assert read_noise_std(tmp_path / "s" / "robot") is not None
