@@ -88,15 +88,20 @@ def elbo_gradients(kinds: list[str]) -> dict[str, dict[str, torch.Tensor]]:
 
 
 def fitted_parameters(kinds: list[str], steps: int) -> dict[str, dict[str, torch.Tensor]]:
-    """Parameters after ``steps`` engine steps (global batch 16 of 32, noise per example), float64."""
+    """Parameters after ``steps`` engine steps (global batch 16 of 32, noise per example), float64; a kind
+    ending in ``@local`` runs with Pyro's ``module_local_params=True`` (set before the modules are built)."""
     torch.set_default_dtype(torch.float64)
     x, y = _data()
     result = {}
     for kind in kinds:
-        model, guide = _model_and_guide(kind.removesuffix("+iblm"), x, y)
-        schedule = Schedule(steps=steps, fixed_noise_steps=10, batch_size=16, lr=0.01)
-        fit(kind, model, guide, x, y, schedule, seed=3, progress=False, noise="per_example")
-        result[kind] = {name: p.detach().clone() for name, p in Trace_ELBO()(model, guide).named_parameters()}
+        method, local = kind.removesuffix("@local"), kind.endswith("@local")
+        with pyro.settings.context(module_local_params=local):
+            model, guide = _model_and_guide(method.removesuffix("+iblm"), x, y)
+            schedule = Schedule(steps=steps, fixed_noise_steps=10, batch_size=16, lr=0.01)
+            fit(method, model, guide, x, y, schedule, seed=3, progress=False, noise="per_example")
+            parameters = Trace_ELBO()(model, guide).named_parameters()
+            result[kind] = {name: p.detach().clone() for name, p in parameters}
+        assert not local or not pyro.get_param_store().keys(), "module-local parameters stay out of the store"
     return result
 
 
@@ -128,7 +133,7 @@ def test_two_ranks_average_to_the_gradient_on_the_union_of_their_shards(float64)
 
 
 def test_fifty_steps_on_two_ranks_equal_fifty_steps_in_one_process(float64):
-    kinds = ["whvi", "nf-whvi", "vsd", "mfg", "whvi+iblm"]
+    kinds = ["whvi", "nf-whvi", "vsd", "mfg", "whvi+iblm", "whvi@local", "vsd@local"]
     two_ranks = distributed.launch(fitted_parameters, 2, kinds, 50, threads=1)
     one_rank = fitted_parameters(kinds, 50)
     _compare(two_ranks, one_rank, rtol=0, atol=1e-5)
