@@ -235,7 +235,8 @@ def train(
     fixed_phase = schedule.fixed_noise_steps if noise_scale is not None else 0
     label = progress if isinstance(progress, str) else "training"
     steps = range(start, schedule.steps)
-    bar = tqdm(steps, desc=label, disable=not progress or rank != 0, leave=False, mininterval=1.0, initial=start)
+    hidden = not progress or rank != 0
+    bar = tqdm(steps, desc=label, total=schedule.steps, initial=start, disable=hidden, leave=False, mininterval=1.0)
     with pyro.validation_enabled(False):
         for step in bar:
             if global_batch < num_data:
