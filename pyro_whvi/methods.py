@@ -1,4 +1,4 @@
-r"""Inference methods by name, and the WHVI paper's training schedule, on Pyro's own ``SVI``.
+r"""Inference methods by name, and the WHVI paper's training schedule, on Pyro's own ``Trace_ELBO``.
 
 One name per method, the same Pyro model for all of them (a :class:`~pyro_whvi.models.BayesianMLP`):
 
