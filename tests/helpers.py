@@ -12,10 +12,23 @@ import numpy as np
 import pytest
 import scipy.linalg
 import torch
+from pyro.infer.autoguide import AutoNormal
 
-from pyro_whvi import ops
+from pyro_whvi import AutoVSDGuide, AutoWHVIGuide, ops
 
 ROOT = Path(__file__).resolve().parents[1]
+
+# Every guide configuration the one-model-object and data-parallel tests run through, by name.
+GUIDES = {
+    "whvi": lambda model: AutoWHVIGuide(model),
+    "whvi-full": lambda model: AutoWHVIGuide(model, covariance="full"),
+    "whvi-lowrank": lambda model: AutoWHVIGuide(model, covariance="lowrank", rank=2),
+    "nf-whvi": lambda model: AutoWHVIGuide(model, flows=2),
+    "whvi-paper": lambda model: AutoWHVIGuide(model, preset="paper"),
+    "vsd": lambda model: AutoVSDGuide(model, reflections=2),
+    "vsd-h": lambda model: AutoVSDGuide(model, hierarchical=True),
+    "mfg": lambda model: AutoNormal(model),
+}
 
 
 def require_compiled_kernels() -> None:
@@ -29,13 +42,19 @@ def require_compiled_kernels() -> None:
     pytest.skip(reason)
 
 
-def run_python(script: str, **env_overrides: str) -> subprocess.CompletedProcess[str]:
-    """Run a script in a fresh interpreter that imports this checkout, with PYRO_WHVI_BACKEND unset
-    unless given."""
+def checkout_environment(**overrides: str) -> dict[str, str]:
+    """This process's environment for a child that imports this checkout (``PYTHONPATH`` first), with
+    ``PYRO_WHVI_BACKEND`` unset unless given in ``overrides``."""
     env = dict(os.environ)
     env.pop("PYRO_WHVI_BACKEND", None)
-    env.update(env_overrides)
+    env.update(overrides)
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def run_python(script: str, **env_overrides: str) -> subprocess.CompletedProcess[str]:
+    """Run a script in a fresh interpreter with :func:`checkout_environment`."""
+    env = checkout_environment(**env_overrides)
     return subprocess.run([sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True, env=env)
 
 
@@ -104,3 +123,52 @@ def write_uci(directory, rows=40, features=3, splits=2, seed=0):
         np.savetxt(directory / f"index_train_{split}.txt", order[: rows * 9 // 10], fmt="%d")
         np.savetxt(directory / f"index_test_{split}.txt", order[rows * 9 // 10 :], fmt="%d")
     return data
+
+
+def triton_autograd_functions(tb):
+    """The CUDA dispatch's autograd formulas (pyro_whvi/ops/_library.py) around the Triton launchers of ``tb``
+    (:mod:`pyro_whvi.ops.triton_backend`): ``(Fwht, Matvec, Design, Fastfood)`` autograd functions, to
+    differentiate the kernels on CPU tensors under Triton's interpreter."""
+
+    class Fwht(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, normalized):
+            ctx.normalized = normalized
+            return tb.fwht(x, normalized)
+
+        @staticmethod
+        def backward(ctx, grad):
+            return tb.fwht(grad.contiguous(), ctx.normalized), None
+
+    class Matvec(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, s1, g, s2):
+            ctx.save_for_backward(x, s1, g, s2)
+            return tb.whvi_matvec(x, s1, g, s2)
+
+        @staticmethod
+        def backward(ctx, grad):
+            x, s1, g, s2 = ctx.saved_tensors
+            return tb.whvi_matvec_backward(grad.contiguous(), x, s1, g, s2)
+
+    class Design(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, s1, s2):
+            ctx.save_for_backward(x, s1, s2)
+            return tb.whvi_design(x, s1, s2)
+
+        @staticmethod
+        def backward(ctx, grad):
+            return tb.whvi_design_backward(grad.contiguous(), *ctx.saved_tensors)
+
+    class Fastfood(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, *tables):
+            ctx.tables = tables
+            return tb.fastfood(x, *tables)
+
+        @staticmethod
+        def backward(ctx, grad):
+            return (tb.fastfood_transpose(grad.contiguous(), *ctx.tables), None, None, None, None)
+
+    return Fwht, Matvec, Design, Fastfood

@@ -22,28 +22,21 @@ import pyro
 import pytest
 import torch
 from pyro.infer import Trace_ELBO
-from pyro.infer.autoguide import AutoNormal
 from torch.nn.parallel import DistributedDataParallel
 
-from pyro_whvi import AutoVSDGuide, AutoWHVIGuide, distributed, iblm_
+from pyro_whvi import distributed, iblm_
 from pyro_whvi.engine import Schedule, shard_size
 from pyro_whvi.infer import example_seeds
 from pyro_whvi.methods import fit
 from pyro_whvi.models import BayesianMLP
 
-from .helpers import ROOT
+from .helpers import GUIDES as GUIDES_BY_NAME
+from .helpers import checkout_environment
 
-GUIDES = {
-    "whvi": lambda model: AutoWHVIGuide(model),
-    "whvi-full": lambda model: AutoWHVIGuide(model, covariance="full"),
-    "whvi-lowrank": lambda model: AutoWHVIGuide(model, covariance="lowrank", rank=2),
-    "nf-whvi": lambda model: AutoWHVIGuide(model, flows=2),
-    "whvi-paper": lambda model: AutoWHVIGuide(model, preset="paper"),
-    "vsd": lambda model: AutoVSDGuide(model, reflections=2),
-    "vsd-h": lambda model: AutoVSDGuide(model, hierarchical=True),
-    "mfg": lambda model: AutoNormal(model),
-    "whvi+iblm": lambda model: AutoWHVIGuide(model),
-    "mfg+iblm": lambda model: AutoNormal(model),
+GUIDES = {  # the one-model-object configurations, and two started from I-BLM
+    **GUIDES_BY_NAME,
+    "whvi+iblm": GUIDES_BY_NAME["whvi"],
+    "mfg+iblm": GUIDES_BY_NAME["mfg"],
 }
 NUM_DATA, WIDTHS = 32, [3, 16, 16, 1]
 
@@ -149,17 +142,11 @@ def _uci_command(out: Path, *extra: str) -> list[str]:
     return [sys.executable, "-m", "pyro_whvi", "uci", *UCI_ARGS, "--out", str(out), *extra]
 
 
-def _environment() -> dict[str, str]:
-    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    env.pop("PYRO_WHVI_BACKEND", None)
-    return env
-
-
 def _uci(out: Path, *extra: str, launcher: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
     command = _uci_command(out, *extra)
     if launcher:
         command = [sys.executable, *launcher, *command[1:]]  # torchrun ... -m pyro_whvi uci ...
-    return subprocess.run(command, capture_output=True, text=True, env=_environment(), timeout=300)
+    return subprocess.run(command, capture_output=True, text=True, env=checkout_environment(), timeout=300)
 
 
 def _row(out: Path) -> dict:
@@ -181,6 +168,20 @@ def _spawned_children(pid: int) -> list[int]:
     return sorted(children)
 
 
+def _start_until_checkpoint(command: list[str], checkpoint: Path) -> tuple[subprocess.Popen, list[int]]:
+    """Start ``command`` and wait until it has written ``checkpoint``; the process and its spawned ranks."""
+    run = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=checkout_environment()
+    )
+    deadline = time.monotonic() + 120
+    while not checkpoint.exists():
+        if run.poll() is not None or time.monotonic() > deadline:
+            run.kill()
+            pytest.fail(f"no checkpoint was written: {run.communicate()[1][-2000:]}")
+        time.sleep(0.05)
+    return run, _spawned_children(run.pid)
+
+
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("uninterrupted")
@@ -192,19 +193,8 @@ def uninterrupted(tmp_path_factory) -> dict:
 
 def test_a_run_whose_rank_dies_stops_cleanly_and_resumes_to_the_uninterrupted_result(uninterrupted, tmp_path):
     checkpoint = tmp_path / "runs" / "diabetes" / "whvi" / "split0.ckpt"
-    run = subprocess.Popen(
-        _uci_command(tmp_path, "--nproc", "2"),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=_environment(),
-    )
+    run, victims = _start_until_checkpoint(_uci_command(tmp_path, "--nproc", "2"), checkpoint)
     try:
-        deadline = time.monotonic() + 120
-        while not checkpoint.exists():
-            assert run.poll() is None and time.monotonic() < deadline, "no checkpoint was written"
-            time.sleep(0.05)
-        victims = _spawned_children(run.pid)
         assert len(victims) == 2
         os.kill(victims[-1], signal.SIGKILL)
         _, stderr = run.communicate(timeout=60)  # no hang: the other rank is stopped
@@ -239,15 +229,8 @@ def test_bad_parallel_settings_fail_before_any_process_starts(tmp_path):
 
 def test_a_stalled_rank_makes_the_others_time_out_instead_of_hanging(tmp_path):
     checkpoint = tmp_path / "runs" / "diabetes" / "whvi" / "split0.ckpt"
-    command = _uci_command(tmp_path, "--nproc", "2", "--timeout", "5")
-    run = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_environment())
-    victims: list[int] = []
+    run, victims = _start_until_checkpoint(_uci_command(tmp_path, "--nproc", "2", "--timeout", "5"), checkpoint)
     try:
-        deadline = time.monotonic() + 120
-        while not checkpoint.exists():
-            assert run.poll() is None and time.monotonic() < deadline, "no checkpoint was written"
-            time.sleep(0.05)
-        victims = _spawned_children(run.pid)
         os.kill(victims[-1], signal.SIGSTOP)  # alive but silent: only a timeout can end the others' wait
         stalled = time.monotonic()
         _, stderr = run.communicate(timeout=90)

@@ -22,18 +22,8 @@ from pyro_whvi.infer import ModelModule, local_reparameterization, remove_transf
 from pyro_whvi.infer.lazy_weight import local_reparameterization_enabled
 from pyro_whvi.models import BayesianMLP
 
-from .helpers import regression_data
+from .helpers import GUIDES, regression_data
 
-GUIDES = {
-    "whvi": lambda model: AutoWHVIGuide(model),
-    "whvi-full": lambda model: AutoWHVIGuide(model, covariance="full"),
-    "whvi-lowrank": lambda model: AutoWHVIGuide(model, covariance="lowrank", rank=2),
-    "nf-whvi": lambda model: AutoWHVIGuide(model, flows=2),
-    "whvi-paper": lambda model: AutoWHVIGuide(model, preset="paper"),
-    "vsd": lambda model: AutoVSDGuide(model, reflections=2),
-    "vsd-h": lambda model: AutoVSDGuide(model, hierarchical=True),
-    "mfg": lambda model: AutoNormal(model),
-}
 ELBOS = {"trace": Trace_ELBO, "meanfield": TraceMeanField_ELBO, "tracegraph": TraceGraph_ELBO}
 
 

@@ -135,26 +135,9 @@ if ops.compiled_available():
             close(tb.whvi_matvec(x, s1, g, s2), ops.whvi_matvec(x, s1, g, s2), dtype, "compiled matvec")
 
 # gradcheck in float64 through the kernels' forward and backward (the formulas the CUDA dispatch uses).
-class Matvec(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, s1, g, s2):
-        ctx.save_for_backward(x, s1, g, s2)
-        return tb.whvi_matvec(x, s1, g, s2)
+from tests.helpers import triton_autograd_functions
 
-    @staticmethod
-    def backward(ctx, grad):
-        return tb.whvi_matvec_backward(grad.contiguous(), *ctx.saved_tensors)
-
-class Fastfood(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, *tables):
-        ctx.tables = tables
-        return tb.fastfood(x, *tables)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return (tb.fastfood_transpose(grad.contiguous(), *ctx.tables), None, None, None, None)
-
+_, Matvec, _, Fastfood = triton_autograd_functions(tb)
 shapes = ((3, 1, 16), (2, 16), (3, 2, 16), (2, 16))
 inputs = [torch.randn(shape, dtype=torch.float64, requires_grad=True) for shape in shapes]
 assert torch.autograd.gradcheck(Matvec.apply, inputs)

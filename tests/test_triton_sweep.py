@@ -42,7 +42,7 @@ import zlib
 import pytest
 import torch
 
-from .helpers import ROOT, require_compiled_kernels
+from .helpers import ROOT, checkout_environment, require_compiled_kernels, triton_autograd_functions
 
 # Dispatcher limits (cuda/triton/kernels.py); the sweep checks that the kernels launched match them.
 MAX_FUSED_SIZE = 8192  # longer rows: two-pass FWHT, unfused compositions, design ops to the reference
@@ -131,53 +131,6 @@ def _relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
     difference = (actual.double() - expected.double()).abs().max().item()
     scale = expected.double().abs().max().item()
     return difference / scale if scale > 0 else difference
-
-
-def _autograd_functions(tb):
-    """The CUDA dispatch's autograd formulas (pyro_whvi/ops/_library.py) around the Triton launchers."""
-
-    class Fwht(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, x, normalized):
-            ctx.normalized = normalized
-            return tb.fwht(x, normalized)
-
-        @staticmethod
-        def backward(ctx, grad):
-            return tb.fwht(grad.contiguous(), ctx.normalized), None
-
-    class Matvec(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, x, s1, g, s2):
-            ctx.save_for_backward(x, s1, g, s2)
-            return tb.whvi_matvec(x, s1, g, s2)
-
-        @staticmethod
-        def backward(ctx, grad):
-            x, s1, g, s2 = ctx.saved_tensors
-            return tb.whvi_matvec_backward(grad.contiguous(), x, s1, g, s2)
-
-    class Design(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, x, s1, s2):
-            ctx.save_for_backward(x, s1, s2)
-            return tb.whvi_design(x, s1, s2)
-
-        @staticmethod
-        def backward(ctx, grad):
-            return tb.whvi_design_backward(grad.contiguous(), *ctx.saved_tensors)
-
-    class Fastfood(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, x, *tables):
-            ctx.tables = tables
-            return tb.fastfood(x, *tables)
-
-        @staticmethod
-        def backward(ctx, grad):
-            return (tb.fastfood_transpose(grad.contiguous(), *ctx.tables), None, None, None, None)
-
-    return Fwht, Matvec, Design, Fastfood
 
 
 def _triton_matvec(matvec, x, s1, g, s2):
@@ -303,7 +256,7 @@ def _sweep_main() -> None:
     for name in ("fwht", "whvi_matvec", "whvi_matvec_backward", "whvi_design", "whvi_design_backward",
                  "whvi_fourier_design_backward", "fastfood", "fastfood_transpose"):  # fmt: skip
         assert torch._C._dispatch_has_kernel_for_dispatch_key(f"pyro_whvi::{name}", "CPU"), name
-    functions = _autograd_functions(tb)
+    functions = triton_autograd_functions(tb)
     results = {}
     with ops.use_backend("compiled"):
         for op, size, dtype in CASES:
@@ -333,9 +286,7 @@ def _sweep_main() -> None:
 def sweep() -> dict:
     pytest.importorskip("triton")
     require_compiled_kernels()
-    env = dict(os.environ, TRITON_INTERPRET="1", TRITON_DEFAULT_FP_FUSION="1")
-    env.pop("PYRO_WHVI_BACKEND", None)
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env = checkout_environment(TRITON_INTERPRET="1", TRITON_DEFAULT_FP_FUSION="1")
     result = subprocess.run(
         [sys.executable, "-c", "from tests.test_triton_sweep import _sweep_main; _sweep_main()"],
         capture_output=True, text=True, env=env, cwd=ROOT, timeout=1800,

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from .helpers import ROOT
+from .helpers import ROOT, checkout_environment
 
 TUTORIALS = sorted((ROOT / "tutorials").glob("*.py"))
 TIMEOUT = 600  # seconds: a hung run (e.g. a DDP rank waiting on a dead peer) fails instead of hanging
@@ -26,10 +26,7 @@ def run_script(path: Path, cwd: Path, timeout: float = TIMEOUT, **env_overrides:
     """Run ``python path`` in a fresh interpreter that imports this checkout (PYRO_WHVI_BACKEND unset
     unless given, as :func:`tests.helpers.run_python`). On a timeout the whole process group (the
     script and any processes it started) is killed and the test fails."""
-    env = dict(os.environ)
-    env.pop("PYRO_WHVI_BACKEND", None)
-    env.update(env_overrides)
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env = checkout_environment(**env_overrides)
     command = [sys.executable, str(path)]
     with subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd, start_new_session=True
