@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from pyro_whvi._results import save_tables
+from pyro_whvi.experiments.reporting import save_tables
 
 __all__ = ["environment", "report_saved", "save_figure", "save_tables", "style_log_axes"]
 

@@ -33,7 +33,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from _results import environment, report_saved
 
-from pyro_whvi.gp.experiment import add_arguments, finish_arguments, run, save
+from pyro_whvi.experiments.gp import add_arguments, finish_arguments, run, save
 
 
 def main(argv: list[str] | None = None) -> None:

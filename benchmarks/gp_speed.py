@@ -38,8 +38,10 @@ from tqdm import tqdm
 sys.path.insert(0, str(Path(__file__).parent))
 from _results import environment, report_saved, save_figure, save_tables
 
-from pyro_whvi.baselines import GPyTorchSVGP, inducing_points_for_parameters, initial_inducing_points
-from pyro_whvi.gp import GPSchedule, RandomFeatureKernel, RandomFeatureRegressor
+from pyro_whvi.experiments.baselines import GPyTorchSVGP, inducing_points_for_parameters, initial_inducing_points
+from pyro_whvi.experiments.engine import Schedule
+from pyro_whvi.experiments.gp_regressors import RandomFeatureRegressor
+from pyro_whvi.gp import RandomFeatureKernel
 
 PROJECTIONS = ("dense", "fastfood", "sorf")
 
@@ -90,7 +92,7 @@ def feature_rows(args) -> list[dict]:
 
 
 def step_ms(model, x: torch.Tensor, y: torch.Tensor, args) -> float:
-    schedule = GPSchedule(steps=args.iterations, fixed_noise_steps=0, learning_rate=1e-3, batch_size=args.batch_size)
+    schedule = Schedule(steps=args.iterations, fixed_noise_steps=0, lr=1e-3, lr_power=0.0, batch_size=args.batch_size)
     model.fit(x, y, schedule)  # warm-up
     return statistics.median(1000 * model.fit(x, y, schedule).seconds / args.iterations for _ in range(args.repeats))
 

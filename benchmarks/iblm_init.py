@@ -43,9 +43,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _results import environment, report_saved, save_figure, save_tables
 
 from pyro_whvi import AutoWHVIGuide, iblm_, xavier_normal_
-from pyro_whvi.data import gaussian_mnll, load_digits_split, load_uci_split, num_uci_splits
-from pyro_whvi.metrics import categorical_nll
-from pyro_whvi.models import BayesianCNN, BayesianMLP
+from pyro_whvi.data import load_digits_split, load_uci_split, num_uci_splits
+from pyro_whvi.metrics import categorical_nll, gaussian_mnll
+from pyro_whvi.nn import BayesianCNN, BayesianMLP
 
 TASKS = ("concrete", "digits")
 GUIDES = ("mfg", "whvi")

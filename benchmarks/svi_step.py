@@ -16,7 +16,7 @@ forward, backward and an Adam update (``torch.optim.Adam``, its defaults, in eve
   True})`` (eager's random-number generator: Inductor's own draws normals element by element, which
   took 1.8 ms against 0.87 ms per step at D = 128 here);
 * ``AutoNormal`` / ``WHVI``: ``svi.step(x, y)`` with Pyro's ``SVI``, ``Trace_ELBO`` and
-  ``pyro_whvi.models.BayesianMLP([D, D, D, 1])`` under ``AutoNormal(model)`` or ``AutoWHVIGuide(model)``
+  ``pyro_whvi.nn.networks.BayesianMLP([D, D, D, 1])`` under ``AutoNormal(model)`` or ``AutoWHVIGuide(model)``
   (defaults), Pyro validation off.
 
 Each case takes a set-up step and 3 warm-up steps first (compilation happens there). Times are medians of
@@ -51,8 +51,7 @@ from torch.utils import benchmark
 from tqdm import tqdm
 
 from pyro_whvi import AutoWHVIGuide, ops
-from pyro_whvi.models import BayesianMLP
-from pyro_whvi.nn import bayesian_, kl_divergence
+from pyro_whvi.nn import BayesianMLP, bayesian_, kl_divergence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _results import environment, report_saved, save_figure, save_tables, style_log_axes

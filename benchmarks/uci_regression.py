@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import sys
 
-from pyro_whvi.cli import main as whvi_main
+from pyro_whvi.experiments.cli import main as whvi_main
 
 
 def main(argv: list[str] | None = None) -> int:

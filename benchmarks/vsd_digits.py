@@ -37,7 +37,7 @@ from _selection import holdout, select_best, summarize, train_with_checkpoints
 from pyro_whvi import AutoVSDGuide, KLAnnealing, iblm_
 from pyro_whvi.data import load_digits_split
 from pyro_whvi.metrics import categorical_nll, error_rate, expected_calibration_error, reliability_diagram
-from pyro_whvi.models import BayesianCNN, BayesianMLP
+from pyro_whvi.nn import BayesianCNN, BayesianMLP
 
 METHODS = ("vsd", "vsd-h", "mcd", "mfg")
 MODELS = ("mlp", "cnn")

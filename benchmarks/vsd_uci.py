@@ -49,9 +49,10 @@ from _results import environment
 from _selection import holdout, select_best, summarize, train_with_checkpoints
 
 from pyro_whvi import AutoVSDGuide, KLAnnealing, iblm_
-from pyro_whvi.data import gaussian_mnll, load_uci_split, num_uci_splits, rmse
-from pyro_whvi.gp.regressor import minibatch_indices
-from pyro_whvi.models import BayesianMLP
+from pyro_whvi.data import load_uci_split, num_uci_splits
+from pyro_whvi.experiments.engine import Minibatches
+from pyro_whvi.metrics import gaussian_mnll, rmse
+from pyro_whvi.nn import BayesianMLP
 
 METHODS = ("vsd", "vsd-h", "mcd")
 
@@ -102,8 +103,7 @@ def fit_candidate(method: str, candidate: tuple[float, float | None], data, fit,
 
     noise_held_steps = args.fixed_noise_steps if held_noise is None else 0  # a held noise is never trained
 
-    shuffle = torch.Generator().manual_seed(split)
-    batches = minibatch_indices(len(y_fit), args.batch_size or None, shuffle, drop_last=False)
+    batches = Minibatches(len(y_fit), args.batch_size or None, split, replacement=False, drop_last=False)
 
     def step_fn(step: int):
         runner = svi_noise_held if step <= noise_held_steps else svi

@@ -1,9 +1,11 @@
 """pyro_whvi: structured variational inference for over-parameterized Pyro and GPyTorch models.
 
 The foundation is :mod:`pyro_whvi.ops`, the fast Walsh–Hadamard transform and the fused WHVI
-product with compiled CPU kernels and a pure-PyTorch reference. The GPyTorch side,
-:mod:`pyro_whvi.gp` (random-feature GPs) and :mod:`pyro_whvi.baselines` (SVGP with GPyTorch and
-GPflow), is imported on first access.
+product with compiled CPU kernels and a pure-PyTorch reference. The library is ``ops``,
+``distributions``, ``infer``, ``nn``, ``init``, ``gp``, ``metrics`` and ``data``; the GPyTorch side,
+:mod:`pyro_whvi.gp` (random-feature GPs), and the application, :mod:`pyro_whvi.experiments` (training
+engine, UCI harness, demo, GP experiment with its SVGP baselines, the ``whvi`` command), are imported
+on first access.
 """
 
 import importlib
@@ -16,7 +18,7 @@ from .init import iblm_, xavier_normal_
 
 __version__ = "0.1.0.dev0"
 
-_LAZY_SUBMODULES = ("baselines", "gp")
+_LAZY_SUBMODULES = ("experiments", "gp")
 
 
 def __getattr__(name: str) -> Any:

@@ -1,8 +1,7 @@
 r"""Predictive metrics as plain functions of Monte-Carlo predictive samples.
 
 Shape letters: ``S`` posterior samples, ``N`` test points, ``C`` classes.
-The regression metrics :func:`rmse` and :func:`gaussian_mnll` are defined with the UCI loader
-(:mod:`pyro_whvi.data.uci`) and re-exported here.
+Regression: :func:`rmse` and :func:`gaussian_mnll`; classification: the rest.
 """
 
 from __future__ import annotations
@@ -11,8 +10,6 @@ import math
 
 import torch
 from torch import Tensor
-
-from .data.uci import gaussian_mnll, rmse
 
 __all__ = [
     "categorical_nll",
@@ -92,3 +89,16 @@ def mean_and_standard_error(values) -> tuple[float, float]:
         return mean, 0.0
     variance = math.fsum((v - mean) ** 2 for v in values) / (len(values) - 1)
     return mean, math.sqrt(variance / len(values))
+
+
+def rmse(f_samples: Tensor, y: Tensor) -> float:
+    """Root mean squared error of the predictive mean; ``f_samples`` is ``(S, N)``."""
+    return float((f_samples.mean(0) - y).pow(2).mean().sqrt())
+
+
+def gaussian_mnll(f_samples: Tensor, noise_scale: Tensor | float, y: Tensor) -> float:
+    r"""Mean negative log predictive density, :math:`-\frac1N \sum_i \log \frac1S \sum_s
+    \mathcal{N}(y_i \mid f_s(x_i), \sigma^2)`, for ``f_samples`` of shape ``(S, N)``."""
+    noise = torch.as_tensor(noise_scale, dtype=f_samples.dtype)
+    log_density = torch.distributions.Normal(f_samples, noise).log_prob(y)
+    return float(-(torch.logsumexp(log_density, 0) - math.log(f_samples.shape[0])).mean())

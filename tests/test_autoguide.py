@@ -17,7 +17,7 @@ from torch import nn
 
 from pyro_whvi import AutoWHVIGuide, WHVIMatrix, WHVINormal
 from pyro_whvi.infer import ModelModule, WHVIWeight, local_reparameterization
-from pyro_whvi.models import BayesianMLP
+from pyro_whvi.nn import BayesianMLP
 
 from .helpers import regression_data
 

@@ -8,14 +8,17 @@ import gpytorch
 import pytest
 import torch
 
-from pyro_whvi.baselines import (
+from pyro_whvi.experiments.baselines import (
     GPflowSVGP,
     GPyTorchSVGP,
     inducing_points_for_parameters,
     initial_inducing_points,
     svgp_num_variational_parameters,
 )
-from pyro_whvi.gp.regressor import GPInitialization, GPSchedule
+from pyro_whvi.experiments.engine import Schedule
+from pyro_whvi.experiments.gp_regressors import GPInitialization
+
+from .helpers import run_python
 
 NUM_INDUCING = 15
 COVARIANCES = ("full", "diagonal")
@@ -53,7 +56,7 @@ def inducing(data) -> torch.Tensor:
 
 @pytest.fixture
 def gpflow_ready() -> None:
-    from pyro_whvi.baselines.gpflow_svgp import _import_gpflow
+    from pyro_whvi.experiments.baselines.gpflow_svgp import _import_gpflow
 
     try:
         _import_gpflow()
@@ -185,10 +188,10 @@ def test_gpytorch_fixed_noise_phase(data, inducing) -> None:
     x, y = data[:2]
     model = GPyTorchSVGP(inducing)
     raw_noise = model.likelihood.noise_covar.raw_noise.detach().clone()
-    result = model.fit(x, y, GPSchedule(steps=30, fixed_noise_steps=30, learning_rate=0.01, batch_size=64))
+    result = model.fit(x, y, Schedule(steps=30, fixed_noise_steps=30, lr=0.01, batch_size=64, lr_power=0.0))
     assert len(result.losses) == 30 and result.losses[-1] < result.losses[0]
     assert torch.equal(model.likelihood.noise_covar.raw_noise, raw_noise)
-    model.fit(x, y, GPSchedule(steps=5, fixed_noise_steps=2, learning_rate=0.01, batch_size=64))
+    model.fit(x, y, Schedule(steps=5, fixed_noise_steps=2, lr=0.01, batch_size=64, lr_power=0.0))
     assert not torch.equal(model.likelihood.noise_covar.raw_noise, raw_noise)
 
 
@@ -212,14 +215,14 @@ def test_gpflow_predict_inputs_and_fixed_noise(data, inducing) -> None:
         with pytest.raises(ValueError, match=message):
             getattr(model, method)(*args)
     noise = model.model.likelihood.variance.unconstrained_variable.numpy().copy()
-    result = model.fit(x, y, GPSchedule(steps=30, fixed_noise_steps=30, learning_rate=0.01, batch_size=64))
+    result = model.fit(x, y, Schedule(steps=30, fixed_noise_steps=30, lr=0.01, batch_size=64, lr_power=0.0))
     assert len(result.losses) == 30 and result.losses[-1] < result.losses[0]
     assert model.model.likelihood.variance.unconstrained_variable.numpy() == noise
     assert model.noise_variance == pytest.approx(0.05**2, rel=1e-12)
     mean, variance = model.predict(x_test)
     assert mean.shape == variance.shape == (300,)
     assert mean.dtype == variance.dtype == torch.float64 and bool((variance > 0).all())
-    model.fit(x, y, GPSchedule(steps=5, fixed_noise_steps=2, learning_rate=0.01, batch_size=64))
+    model.fit(x, y, Schedule(steps=5, fixed_noise_steps=2, lr=0.01, batch_size=64, lr_power=0.0))
     assert model.model.likelihood.variance.unconstrained_variable.numpy() != noise
 
 
@@ -241,12 +244,12 @@ def test_gpytorch_and_gpflow_agree(data, inducing, covariance) -> None:
     assert before_torch == pytest.approx(before_tf, rel=1e-6)
 
     # Minibatch losses agree step by step only if both libraries draw the same batches.
-    short = GPSchedule(steps=4, fixed_noise_steps=2, learning_rate=0.01, batch_size=64, seed=5)
-    short_torch = GPyTorchSVGP(inducing, covariance).fit(x, y, short).losses
-    short_tf = GPflowSVGP(inducing, covariance).fit(x, y, short).losses
+    short = Schedule(steps=4, fixed_noise_steps=2, lr=0.01, lr_power=0.0, batch_size=64)
+    short_torch = GPyTorchSVGP(inducing, covariance).fit(x, y, short, seed=5).losses
+    short_tf = GPflowSVGP(inducing, covariance).fit(x, y, short, seed=5).losses
     assert short_torch == pytest.approx(short_tf, rel=1e-5)
 
-    schedule = GPSchedule(steps=300, fixed_noise_steps=100, learning_rate=0.01, batch_size=None)
+    schedule = Schedule(steps=300, fixed_noise_steps=100, lr=0.01, batch_size=None, lr_power=0.0)
     torch_model.fit(x, y, schedule)
     tf_model.fit(x, y, schedule)
     after_torch, after_tf = torch_model.elbo(x, y) + _jitter_correction(torch_model), tf_model.elbo(x, y)
@@ -261,3 +264,22 @@ def test_gpytorch_and_gpflow_agree(data, inducing, covariance) -> None:
     assert after_torch == pytest.approx(after_tf, rel=elbo_tolerance)
     assert rmse_torch == pytest.approx(rmse_tf, rel=rmse_tolerance)
     assert float(torch_model.likelihood.noise) == pytest.approx(tf_model.noise_variance, rel=10 * elbo_tolerance)
+
+
+def test_torch_adam_after_gpflow_import(gpflow_ready):
+    """`whvi gp` imports GPflow first (to fail early without the extra), then trains PyTorch models. Torch's Adam
+    loads Triton on its first step, and Triton loaded after TensorFlow (both bundle LLVM) aborted the process."""
+    result = run_python(
+        """
+        from pyro_whvi.experiments.baselines.gpflow_svgp import _import_gpflow
+        _import_gpflow()
+        import torch
+        parameter = torch.nn.Parameter(torch.ones(3))
+        optimizer = torch.optim.Adam([parameter])
+        parameter.sum().backward()
+        optimizer.step()
+        print("stepped", float(parameter[0]))
+        """
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "stepped 0.999" in result.stdout

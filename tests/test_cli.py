@@ -8,14 +8,16 @@ from .helpers import run_python
 
 
 def _whvi(*args: str):
-    return run_python(f"import sys; from pyro_whvi.cli import main; sys.exit(main({list(args)!r}))", MPLBACKEND="Agg")
+    return run_python(
+        f"import sys; from pyro_whvi.experiments.cli import main; sys.exit(main({list(args)!r}))", MPLBACKEND="Agg"
+    )
 
 
 def test_demo_writes_its_table_and_plots(tmp_path):
     out = tmp_path / "demo"
     result = _whvi("demo", "--out", str(out), "--toy-steps", "20", "--digits-steps", "20", "--samples", "8")
     assert result.returncode == 0, result.stderr[-3000:]
-    record = json.loads((out / "demo_results.json").read_text())["results"]
+    record = {row["method"]: row for row in json.loads((out / "demo_results.json").read_text())["results"]}
     assert set(record) == {"whvi", "nf-whvi", "mfg", "mcd"}
     for metrics in record.values():
         assert 0 <= metrics["digits_error"] <= 1 and metrics["toy_sd_in_gap"] > 0
@@ -75,7 +77,7 @@ def test_gp_runs_the_gp_experiment(tmp_path):
 
 
 def test_bench_runs_each_script_with_its_quick_flags(tmp_path):
-    from pyro_whvi.bench import BENCHMARKS, QUICK_FLAGS
+    from pyro_whvi.experiments.bench import BENCHMARKS, QUICK_FLAGS
 
     for script in BENCHMARKS.values():  # stand-ins that record how they were called
         (tmp_path / script).write_text(
@@ -92,6 +94,6 @@ def test_bench_runs_each_script_with_its_quick_flags(tmp_path):
 
 
 def test_bench_finds_the_checkout_scripts():
-    from pyro_whvi.bench import find_benchmarks
+    from pyro_whvi.experiments.bench import find_benchmarks
 
     assert (find_benchmarks() / "fwht.py").is_file()

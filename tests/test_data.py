@@ -10,15 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from pyro_whvi.data import (
-    TOY_GAP,
-    gaussian_mnll,
-    load_uci_split,
-    num_uci_splits,
-    rmse,
-    toy_function,
-    toy_regression_1d,
-)
+from pyro_whvi.data import TOY_GAP, load_uci_split, num_uci_splits, toy_function, toy_regression_1d
+from pyro_whvi.metrics import gaussian_mnll, rmse
 
 from .helpers import ROOT, write_uci
 
@@ -93,13 +86,6 @@ def test_uci_regression_script_runs(tmp_path):
     rows = result["meta"]["splits"]
     assert len(rows) == 6 and all(math.isfinite(row["rmse"]) and math.isfinite(row["mnll"]) for row in rows)
     assert (tmp_path / "out" / "uci_tiny.md").is_file()
-
-
-def test_toy_regression_script_runs(tmp_path):
-    _load_script("toy_regression").main(["--steps", "2", "--samples", "5", "--out", str(tmp_path)])
-    result = json.loads((tmp_path / "toy_regression.json").read_text())
-    assert set(result["results"]) == {"WHVI", "NF-WHVI", "mean-field"}
-    assert (tmp_path / "toy_regression.png").stat().st_size > 0
 
 
 def test_sklearn_diabetes_split_is_standardized_on_train():

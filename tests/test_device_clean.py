@@ -16,8 +16,7 @@ import torch
 from torch import nn
 
 from pyro_whvi import AutoVSDGuide, AutoWHVIGuide, ops
-from pyro_whvi.models import BayesianCNN, BayesianMLP
-from pyro_whvi.nn import bayesian_, kl_divergence
+from pyro_whvi.nn import BayesianCNN, BayesianMLP, bayesian_, kl_divergence
 
 META = torch.device("meta")
 
@@ -130,9 +129,10 @@ def test_iblm_svgp_and_methods_make_no_tensor_without_a_device():
     they create takes its device from the data (a factory without ``device=`` would land on the CPU)."""
     from pyro.infer.autoguide import AutoNormal
 
-    from pyro_whvi import iblm_, methods
-    from pyro_whvi.baselines import GPyTorchSVGP
-    from pyro_whvi.gp import GPSchedule
+    from pyro_whvi import iblm_
+    from pyro_whvi.experiments import methods
+    from pyro_whvi.experiments.baselines import GPyTorchSVGP
+    from pyro_whvi.experiments.engine import Schedule
 
     x, y = torch.randn(64, 5), torch.randn(64)
     audit = _DeviceAudit()
@@ -147,5 +147,6 @@ def test_iblm_svgp_and_methods_make_no_tensor_without_a_device():
     model, guide = methods.build_method("whvi", [5, 16, 1])
     with audit:
         methods.fit("whvi", model, guide, x, y, methods.Schedule(steps=3, fixed_noise_steps=1), progress=False)
-        GPyTorchSVGP(x[:8].clone()).fit(x, y, GPSchedule(steps=3, fixed_noise_steps=1), progress=False)
+        schedule = Schedule(steps=3, fixed_noise_steps=1, batch_size=256, lr=6e-4, lr_power=0.0)
+        GPyTorchSVGP(x[:8].clone()).fit(x, y, schedule, progress=False)
     assert not audit.calls, sorted(audit.calls)

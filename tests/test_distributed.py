@@ -24,11 +24,12 @@ import torch
 from pyro.infer import Trace_ELBO
 from torch.nn.parallel import DistributedDataParallel
 
-from pyro_whvi import distributed, iblm_
-from pyro_whvi.engine import Schedule, shard_size
+from pyro_whvi import iblm_
+from pyro_whvi.experiments import distributed
+from pyro_whvi.experiments.engine import Schedule, shard_size
+from pyro_whvi.experiments.methods import fit
 from pyro_whvi.infer import example_seeds
-from pyro_whvi.methods import fit
-from pyro_whvi.models import BayesianMLP
+from pyro_whvi.nn import BayesianMLP
 
 from .helpers import GUIDES as GUIDES_BY_NAME
 from .helpers import checkout_environment

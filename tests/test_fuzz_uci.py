@@ -16,8 +16,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pyro_whvi.cli import _parser, main
 from pyro_whvi.data import load_uci_split
+from pyro_whvi.experiments.cli import _parser, main
 
 from .helpers import write_uci
 
@@ -211,7 +211,7 @@ def _run_main(argv: list[str]) -> tuple[int, str]:
     with (
         contextlib.redirect_stderr(stderr),
         contextlib.redirect_stdout(io.StringIO()),
-        mock.patch("pyro_whvi.uci.run_uci", return_value=([], "")),
+        mock.patch("pyro_whvi.experiments.uci.run_uci", return_value=([], "")),
     ):
         try:
             code = main(argv)

@@ -11,8 +11,9 @@ import torch
 from linear_operator.operators import LowRankRootLinearOperator, RootLinearOperator
 from scipy.linalg import hadamard
 
-from pyro_whvi.gp import GPSchedule, RandomFeatureGP, RandomFeatureKernel, RandomFeatureRegressor
-from pyro_whvi.gp.regressor import minibatch_indices
+from pyro_whvi.experiments.engine import Minibatches, Schedule
+from pyro_whvi.experiments.gp_regressors import RandomFeatureRegressor
+from pyro_whvi.gp import RandomFeatureGP, RandomFeatureKernel
 
 POSTERIORS = [("gaussian", "diagonal"), ("gaussian", "full"), ("whvi", "diagonal"), ("whvi", "full")]
 
@@ -160,7 +161,7 @@ def test_training_reaches_the_conjugate_elbo(posterior, covariance):
     regressor.model.covar_module.lengthscale = 0.4
     regressor.likelihood.noise = 0.01
     regressor.model.covar_module.requires_grad_(False)
-    schedule = GPSchedule(steps=1500, fixed_noise_steps=1500, learning_rate=0.02, batch_size=None)
+    schedule = Schedule(steps=1500, fixed_noise_steps=1500, lr=0.02, batch_size=None, lr_power=0.0)
     result = regressor.fit(x, y, schedule)
     trained = regressor.elbo(x, y)
     assert result.losses[-1] < result.losses[0]
@@ -183,7 +184,7 @@ def test_regressor_loss_is_gpytorchs_variational_elbo(posterior, covariance):
 def test_works_with_gaussian_likelihood_and_gpytorch_metrics():
     x, y = _data(n=50)
     regressor = RandomFeatureRegressor(2, 64, "fastfood", "whvi", "diagonal")
-    regressor.fit(x, y, GPSchedule(steps=30, fixed_noise_steps=10, learning_rate=0.01, batch_size=16))
+    regressor.fit(x, y, Schedule(steps=30, fixed_noise_steps=10, lr=0.01, batch_size=16, lr_power=0.0))
     predictive = regressor.likelihood(regressor.model(x))
     nlpd = gpytorch.metrics.negative_log_predictive_density(predictive, y)
     msll = gpytorch.metrics.mean_standardized_log_loss(predictive, y)
@@ -197,7 +198,7 @@ def test_state_dict_round_trip_and_noise_held_fixed():
     x, y = _data()
     regressor = RandomFeatureRegressor(2, 32, "sorf", "whvi", "full", seed=4)
     noise = regressor.likelihood.noise.clone()
-    regressor.fit(x, y, GPSchedule(steps=20, fixed_noise_steps=20, learning_rate=0.05, batch_size=8))
+    regressor.fit(x, y, Schedule(steps=20, fixed_noise_steps=20, lr=0.05, batch_size=8, lr_power=0.0))
     assert torch.equal(regressor.likelihood.noise, noise)
     copy = RandomFeatureRegressor(2, 32, "sorf", "whvi", "full", seed=99)
     copy.load_state_dict(regressor.state_dict())
@@ -238,10 +239,10 @@ def test_the_model_applies_the_kernels_active_dims_and_follows_its_dtype():
 
 
 @pytest.mark.parametrize("drop_last", [True, False])
-def test_minibatch_indices_epochs(drop_last):
+def test_minibatches_epochs(drop_last):
     """Batches of an epoch are disjoint; ``drop_last=False`` adds the short last batch so every index is
     visited once per epoch; a batch as large as the data yields ``None`` (the full data)."""
-    batches = minibatch_indices(10, 4, torch.Generator().manual_seed(0), drop_last=drop_last)
+    batches = Minibatches(10, 4, 0, replacement=False, drop_last=drop_last)
     epoch = [next(batches) for _ in range(2 if drop_last else 3)]
     assert [len(b) for b in epoch] == ([4, 4] if drop_last else [4, 4, 2])
     visited = torch.cat(epoch)
@@ -249,4 +250,15 @@ def test_minibatch_indices_epochs(drop_last):
     if not drop_last:
         assert sorted(visited.tolist()) == list(range(10))
     assert len(next(batches)) == 4  # the next epoch starts with a full batch
-    assert next(minibatch_indices(10, 10, torch.Generator(), drop_last=drop_last)) is None
+    assert next(Minibatches(10, 10, replacement=False, drop_last=drop_last)) is None
+
+
+@pytest.mark.parametrize("replacement", [True, False])
+def test_minibatches_resume_from_state_dict(replacement):
+    """A sampler restored from another's ``state_dict`` mid-epoch draws exactly what the original goes on to draw."""
+    original = Minibatches(23, 5, 3, replacement=replacement)
+    for _ in range(3):
+        next(original)
+    copy = Minibatches(23, 5, 99, replacement=replacement)
+    copy.load_state_dict(original.state_dict())
+    assert all(torch.equal(next(original), next(copy)) for _ in range(10))

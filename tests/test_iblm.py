@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from pyro_whvi import AutoVSDGuide, AutoWHVIGuide, iblm_, xavier_normal_
 from pyro_whvi.infer._guide_utils import deep_getattr
 from pyro_whvi.init.layers import BayesianLayer, patches
-from pyro_whvi.models import BayesianCNN, BayesianMLP
+from pyro_whvi.nn import BayesianCNN, BayesianMLP
 
 from .helpers import whvi_a_matrix
 

@@ -11,7 +11,7 @@ from pyro.infer.autoguide import AutoNormal, init_to_sample
 
 from pyro_whvi import AutoWHVIGuide
 from pyro_whvi.data import TOY_GAP, TOY_NOISE_SCALE, toy_function, toy_regression_1d
-from pyro_whvi.models import BayesianMLP
+from pyro_whvi.nn import BayesianMLP
 
 STEPS = 2000
 

@@ -19,7 +19,7 @@ from pyro_whvi.metrics import (
     predictive_entropy,
     predictive_probs,
 )
-from pyro_whvi.models import BayesianCNN, BayesianMLP
+from pyro_whvi.nn import BayesianCNN, BayesianMLP
 
 
 def test_categorical_mlp_and_cnn_sites_and_shapes():

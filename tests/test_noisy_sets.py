@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 import torch
 
-from pyro_whvi.cli import main
 from pyro_whvi.data import load_uci_split
-from pyro_whvi.data.noisy_sets import noise_floor, read_noise_std, write_noisy_set
 from pyro_whvi.data.synthetic import SYNTHETIC_FUNCTIONS
-from pyro_whvi.methods import Schedule
-from pyro_whvi.uci import UCIConfig, run_uci
+from pyro_whvi.experiments.cli import main
+from pyro_whvi.experiments.methods import Schedule
+from pyro_whvi.experiments.noisy_sets import noise_floor, read_noise_std, write_noisy_set
+from pyro_whvi.experiments.uci import UCIConfig, run_uci
 
 
 @pytest.mark.parametrize("name", list(SYNTHETIC_FUNCTIONS))

@@ -20,7 +20,7 @@ from torch import nn
 from pyro_whvi import AutoVSDGuide, AutoWHVIGuide, iblm_
 from pyro_whvi.infer import ModelModule, local_reparameterization, remove_transform
 from pyro_whvi.infer.lazy_weight import local_reparameterization_enabled
-from pyro_whvi.models import BayesianMLP
+from pyro_whvi.nn import BayesianMLP
 
 from .helpers import GUIDES, regression_data
 

@@ -18,7 +18,7 @@ import pyro_whvi.init.iblm as iblm_module
 from pyro_whvi import AutoVSDGuide, AutoWHVIGuide, iblm_, ops
 from pyro_whvi.gp import RandomFeatureGP, RandomFeatureKernel
 from pyro_whvi.infer._guide_utils import deep_getattr
-from pyro_whvi.models import BayesianMLP
+from pyro_whvi.nn import BayesianMLP
 
 GUIDES = {"normal": AutoNormal, "whvi": AutoWHVIGuide, "vsd": AutoVSDGuide}
 

@@ -12,11 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pyro_whvi._results import save_tables, write_atomic
-from pyro_whvi.cli import main
 from pyro_whvi.data import load_uci_split
-from pyro_whvi.methods import Schedule
-from pyro_whvi.uci import UCIConfig, run_uci
+from pyro_whvi.experiments.cli import main
+from pyro_whvi.experiments.methods import Schedule
+from pyro_whvi.experiments.reporting import save_tables, write_atomic
+from pyro_whvi.experiments.uci import UCIConfig, run_uci
 
 from .helpers import write_uci
 
@@ -170,7 +170,7 @@ def test_unreadable_split_file_is_named_and_trained_again(tmp_path, capsys, cont
 
 
 def test_result_files_are_replaced_atomically(tmp_path, monkeypatch):
-    import pyro_whvi._results as results
+    import pyro_whvi.experiments.reporting as results
 
     replaced: list[tuple[Path, Path]] = []
     real_replace = results.os.replace
@@ -194,7 +194,7 @@ def test_result_files_are_replaced_atomically(tmp_path, monkeypatch):
 
 
 def test_split_results_are_written_through_write_atomic(tmp_path, monkeypatch):
-    import pyro_whvi.uci as uci
+    import pyro_whvi.experiments.uci as uci
 
     written: list[str] = []
     real = uci.write_atomic
@@ -205,7 +205,7 @@ def test_split_results_are_written_through_write_atomic(tmp_path, monkeypatch):
 
 
 def test_unwritable_out_fails_before_training(tmp_path, capsys, monkeypatch):
-    import pyro_whvi.uci as uci
+    import pyro_whvi.experiments.uci as uci
 
     write_uci(tmp_path / "toy", rows=20, splits=1)
     (tmp_path / "file").write_text("")
@@ -237,7 +237,7 @@ def test_unwritable_out_fails_before_training(tmp_path, capsys, monkeypatch):
 def test_bad_uci_arguments_get_one_line(tmp_path, capsys, monkeypatch, args, message):
     import torch
 
-    import pyro_whvi.uci as uci
+    import pyro_whvi.experiments.uci as uci
 
     monkeypatch.setattr(uci, "run_split", lambda *args: pytest.fail("trained with bad arguments"))
     threads = torch.get_num_threads()

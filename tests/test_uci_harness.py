@@ -1,5 +1,6 @@
-"""The UCI harness (``pyro_whvi.uci``) and the method registry (``pyro_whvi.methods``): every method
-through Pyro's SVI, the two-phase noise schedule, metrics against direct computations, resuming."""
+"""The UCI harness (``pyro_whvi.experiments.uci``) and the method registry
+(``pyro_whvi.experiments.methods``): every method through Pyro's SVI, the two-phase noise schedule, metrics
+against direct computations, resuming."""
 
 from __future__ import annotations
 
@@ -13,9 +14,9 @@ import pytest
 import torch
 
 from pyro_whvi.data import load_uci_split
-from pyro_whvi.methods import BASE_METHODS, Schedule, build_method, fit, parse_method, predictive_samples
+from pyro_whvi.experiments.methods import BASE_METHODS, Schedule, build_method, fit, parse_method, predictive_samples
+from pyro_whvi.experiments.uci import UCIConfig, load_dataset_split, parse_splits, run_uci, summarize
 from pyro_whvi.metrics import mean_and_standard_error
-from pyro_whvi.uci import UCIConfig, load_dataset_split, parse_splits, run_uci, summarize
 
 from .helpers import run_python, write_uci
 
@@ -130,7 +131,7 @@ def test_bundled_sets_load_for_both_tasks():
 
 def test_cli_uci_on_a_bundled_classification_set(tmp_path):
     code = (
-        "import sys; from pyro_whvi.cli import main; "
+        "import sys; from pyro_whvi.experiments.cli import main; "
         f"sys.exit(main(['uci', '--dataset', 'breast_cancer', '--methods', 'whvi,mfg', '--splits', '0', "
         f"'--steps', '20', '--hidden', '8', '--samples', '4', '--out', {str(tmp_path)!r}]))"
     )
@@ -144,7 +145,7 @@ def test_cli_uci_on_a_bundled_classification_set(tmp_path):
         (["uci", "--splits", "x"], "splits must look like"),
         (["bench", "nope"], "unknown benchmarks ['nope']"),
     ):
-        result = run_python(f"import sys; from pyro_whvi.cli import main; sys.exit(main({args!r}))")
+        result = run_python(f"import sys; from pyro_whvi.experiments.cli import main; sys.exit(main({args!r}))")
         assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
 
 

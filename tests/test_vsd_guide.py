@@ -16,7 +16,7 @@ from pyro.infer.autoguide import AutoNormal
 from pyro_whvi import AutoVSDGuide, AutoWHVIGuide, KLAnnealing
 from pyro_whvi.distributions import StructuredDropoutNoise
 from pyro_whvi.infer import ModelModule, VSDWeight, local_reparameterization
-from pyro_whvi.models import BayesianCNN, BayesianMLP
+from pyro_whvi.nn import BayesianCNN, BayesianMLP
 
 from .helpers import regression_data
 

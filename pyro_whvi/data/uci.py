@@ -17,10 +17,8 @@ from torch import Tensor
 
 __all__ = [
     "UCISplit",
-    "gaussian_mnll",
     "load_uci_split",
     "num_uci_splits",
-    "rmse",
     "standardized_split",
     "uci_split_files",
 ]
@@ -206,16 +204,3 @@ def standardized_split(
         y_mean=y_mean,
         y_std=y_std,
     )
-
-
-def rmse(f_samples: Tensor, y: Tensor) -> float:
-    """Root mean squared error of the predictive mean; ``f_samples`` is ``(S, N)``."""
-    return float((f_samples.mean(0) - y).pow(2).mean().sqrt())
-
-
-def gaussian_mnll(f_samples: Tensor, noise_scale: Tensor | float, y: Tensor) -> float:
-    r"""Mean negative log predictive density, :math:`-\frac1N \sum_i \log \frac1S \sum_s
-    \mathcal{N}(y_i \mid f_s(x_i), \sigma^2)`, for ``f_samples`` of shape ``(S, N)``."""
-    noise = torch.as_tensor(noise_scale, dtype=f_samples.dtype)
-    log_density = torch.distributions.Normal(f_samples, noise).log_prob(y)
-    return float(-(torch.logsumexp(log_density, 0) - math.log(f_samples.shape[0])).mean())

@@ -2,27 +2,22 @@
 
 * :class:`RandomFeatureKernel` — RBF random Fourier features with dense, Fastfood or SORF projections.
 * :class:`RandomFeatureGP` — the linearized GP ``f = Phi(x) w`` with a Gaussian or WHVI posterior over ``w``.
-* :class:`GPRegressor` — one fit/predict interface shared with the inducing-point baselines
-  (:mod:`pyro_whvi.baselines`).
+
+Fitting and predicting with them next to inducing-point baselines is the application's
+(:mod:`pyro_whvi.experiments.gp_regressors`, :mod:`pyro_whvi.experiments.baselines`).
 """
 
 from .kernel import RandomFeatureKernel
-from .model import POSTERIORS, RandomFeatureGP, RandomFeatureRegressor
 from .posteriors import COVARIANCES, GaussianWeightPosterior, WeightPosterior, WHVIWeightPosterior
-from .regressor import FitResult, GPInitialization, GPRegressor, GPSchedule, TorchGPRegressor
+from .random_feature_gp import POSTERIORS, RandomFeatureGP, check_regression_data
 
 __all__ = [
     "COVARIANCES",
     "POSTERIORS",
-    "FitResult",
-    "GPInitialization",
-    "GPRegressor",
-    "GPSchedule",
     "GaussianWeightPosterior",
     "RandomFeatureGP",
     "RandomFeatureKernel",
-    "RandomFeatureRegressor",
-    "TorchGPRegressor",
     "WHVIWeightPosterior",
     "WeightPosterior",
+    "check_regression_data",
 ]

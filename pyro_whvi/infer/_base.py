@@ -27,7 +27,7 @@ from torch.distributions import biject_to
 
 from ._guide_utils import deep_getattr, deep_set_param, normal_quantiles, prior_stddev
 from .lazy_weight import check_example_dim
-from .model import ModelTransform, SiteFilter, select_sites
+from .model_transform import ModelTransform, SiteFilter, select_sites
 
 __all__ = ["StructuredAutoGuide"]
 
@@ -35,7 +35,8 @@ __all__ = ["StructuredAutoGuide"]
 class StructuredAutoGuide(AutoGuide):
     """``AutoGuide`` over the model it transforms; ``self.locs``/``self.scales``: a mean-field Normal per other site.
 
-    ``guide.model`` is the user's model object itself (transformed in place, see :mod:`pyro_whvi.infer.model`).
+    ``guide.model`` is the user's model object itself (transformed in place, see
+    :mod:`pyro_whvi.infer.model_transform`).
     """
 
     scale_constraint = constraints.softplus_positive

@@ -9,7 +9,7 @@ through planar flows (NF-WHVI). Every other latent site gets a mean-field Normal
     guide = AutoWHVIGuide(model)
     svi = SVI(model, guide, Adam({"lr": 1e-3}), Trace_ELBO())
 
-The guide transforms ``model`` in place (:mod:`pyro_whvi.infer.model`): the same object goes to
+The guide transforms ``model`` in place (:mod:`pyro_whvi.infer.model_transform`): the same object goes to
 ``SVI``, ``Trace_ELBO()(model, guide)``, ``Predictive`` and ``iblm_``. In it, ``F.linear``/``F.conv2d``
 on a WHVI weight draw ``g`` per example (local reparameterization), unless
 ``guide.local_reparameterization = False``.
@@ -45,7 +45,7 @@ from ._guide_utils import (
     pyro_params_,
 )
 from .lazy_weight import local_reparameterization_enabled
-from .model import GUIDE_KEY, SiteFilter
+from .model_transform import GUIDE_KEY, SiteFilter
 from .reparam import POSTERIOR_KEY, WHVIReparam, check_whvi_site, g_site_name, init_whvi_scales
 
 __all__ = ["AutoWHVIGuide"]

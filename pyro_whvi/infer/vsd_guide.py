@@ -11,7 +11,7 @@ mean-field Normal. Train with Pyro's own machinery::
     svi = SVI(model, guide, Adam({"lr": 1e-3}), Trace_ELBO())
 
 The guide transforms ``model`` in place, replacing the VSD sites' priors (see
-:mod:`pyro_whvi.infer.vsd` and :mod:`pyro_whvi.infer.model`). In it ``F.linear`` multiplies each
+:mod:`pyro_whvi.infer.vsd` and :mod:`pyro_whvi.infer.model_transform`). In it ``F.linear`` multiplies each
 example's inputs by its own draw of :math:`\xi`, and ``F.conv2d`` each image's output channels: one
 draw per example, as dropout, and no noisy weight is formed.
 
@@ -37,7 +37,7 @@ from ..distributions.householder import StructuredDropoutNoise
 from ._base import StructuredAutoGuide
 from ._guide_utils import deep_getattr, deep_set_param, empirical_quantiles, like_tensor, normal_quantiles, pyro_params_
 from .lazy_weight import local_reparameterization_enabled, scale_along
-from .model import GUIDE_KEY, SiteFilter
+from .model_transform import GUIDE_KEY, SiteFilter
 from .vsd import (
     EmpiricalBayesPrior,
     VSDPosterior,

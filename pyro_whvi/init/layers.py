@@ -23,7 +23,7 @@ from pyro.poutine.messenger import unwrap
 from torch import Tensor, nn
 
 from ..distributions.whvi_matrix import base_distribution
-from ..infer.model import model_transform
+from ..infer.model_transform import model_transform
 
 __all__ = [
     "BayesianLayer",

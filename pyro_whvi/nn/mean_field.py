@@ -1,7 +1,7 @@
 r""":class:`MeanFieldLinear`: a fully factorized Gaussian linear layer, the paper's mean-field last layer.
 
 :math:`q(W_{ij}) = \mathcal{N}(\mu_{ij}, \sigma_{ij}^2)`, prior :math:`\mathcal{N}(0, \sigma_p^2)` with
-:math:`\sigma_p = \text{prior\_scale} / \sqrt{D_{in}}` (as :class:`~pyro_whvi.models.BayesianMLP`). With
+:math:`\sigma_p = \text{prior\_scale} / \sqrt{D_{in}}` (as :class:`~pyro_whvi.nn.networks.BayesianMLP`). With
 local reparameterization each example draws its pre-activation, which is Gaussian with mean
 :math:`\mu x + \mu_b` and variance :math:`\sigma^2 x^2 + \sigma_b^2` (Kingma et al., 2015): the draws
 are of outputs, not of weights, so the layer cannot be used twice in one execution (an error says so).

@@ -2,15 +2,15 @@ r"""Sparse variational GP regression with GPflow, a reference implementation of 
 
 Shape letters: ``N`` data points, ``d`` input dimensions, ``M`` inducing points.
 
-:class:`GPflowSVGP` is the same model as :class:`~pyro_whvi.baselines.svgp.GPyTorchSVGP` (whitened,
+:class:`GPflowSVGP` is the same model as :class:`~pyro_whvi.experiments.baselines.svgp.GPyTorchSVGP` (whitened,
 ARD squared-exponential kernel, Gaussian noise, same initialization) trained with the same schedule
 and the same minibatch order, so the two libraries can check each other. TensorFlow and GPflow are
 the optional ``[baselines]`` extra and are imported only when a :class:`GPflowSVGP` is built.
 
-Two conventions follow the PyTorch loop of :class:`~pyro_whvi.gp.regressor.TorchGPRegressor`: the
-loss is the negative ELBO divided by ``N`` (Adam is not scale invariant through its epsilon), and
-during the fixed-noise steps the noise takes part in Adam's moment estimates but its value is put
-back after every step, as a PyTorch parameter group with learning rate 0 behaves.
+Two conventions follow the PyTorch loop (:func:`pyro_whvi.experiments.engine.optimize`): the loss is the
+negative ELBO divided by ``N`` (Adam is not scale invariant through its epsilon), and during the fixed-noise
+steps the noise gets neither updates nor Adam state: it has an Adam of its own that starts counting when the
+noise starts learning, as PyTorch's per-parameter Adam state does.
 
 References:
     J. Hensman, N. Fusi, N. D. Lawrence. *Gaussian Processes for Big Data*. UAI 2013.
@@ -25,6 +25,7 @@ References:
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import os
 import time
 from collections.abc import Callable
@@ -35,19 +36,14 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from pyro_whvi.baselines.svgp import (
+from ...gp import check_regression_data
+from ..engine import Minibatches, Schedule
+from ..gp_regressors import GP_SCHEDULE, FitResult, GPInitialization, GPRegressor
+from .svgp import (
     NOISE_VARIANCE_LOWER_BOUND,
     Covariance,
     check_inducing_points,
     svgp_num_variational_parameters,
-)
-from pyro_whvi.gp.regressor import (
-    FitResult,
-    GPInitialization,
-    GPRegressor,
-    GPSchedule,
-    check_regression_data,
-    minibatch_indices,
 )
 
 __all__ = ["GPflowSVGP"]
@@ -64,6 +60,11 @@ def _import_gpflow() -> tuple[Any, Any]:
     """Import TensorFlow and GPflow (legacy Keras 2 optimizers, quiet C++ logging); return ``(tf, gpflow)``."""
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if importlib.util.find_spec("triton") is not None:
+        # TensorFlow and Triton each bundle LLVM. Triton loaded after TensorFlow (as torch.optim's first step
+        # loads it) aborts the process ("LLVM ERROR: inconsistency in registered CommandLine options");
+        # loaded first, both work.
+        import triton  # noqa: F401
     try:
         import gpflow
         import tensorflow as tf
@@ -133,31 +134,37 @@ class GPflowSVGP(GPRegressor):
         """The current Gaussian noise variance."""
         return float(self.model.likelihood.variance.numpy())
 
-    def _step_function(self, num_data: int, learning_rate: float) -> Callable[[Any, Any, bool], Any]:
+    def _step_function(self, num_data: int) -> Callable[[Any, Any, bool, Any, Any], Any]:
         from gpflow.keras import tf_keras
 
         tf = self._tf
         model = self.model
-        optimizer = tf_keras.optimizers.Adam(learning_rate=learning_rate, epsilon=_ADAM_EPSILON)
         noise = model.likelihood.variance.unconstrained_variable
-        variables = model.trainable_variables
-        if not any(v is noise for v in variables):
+        others = [v for v in model.trainable_variables if v is not noise]
+        if len(others) == len(model.trainable_variables):
             raise RuntimeError("GPflowSVGP: the likelihood noise variance must be trainable.")
+        optimizers = [tf_keras.optimizers.Adam(learning_rate=1.0, epsilon=_ADAM_EPSILON) for _ in range(2)]
+        optimizers[0].build(others)  # Adam's slots exist before the traced step (tf.function makes none)
+        optimizers[1].build([noise])
 
         @tf.function
-        def step(x: Any, y: Any, update_noise: bool) -> Any:
-            before = tf.identity(noise)
+        def step(x: Any, y: Any, update_noise: bool, lr: Any, noise_lr: Any) -> Any:  # lr: tensors, no retracing
             with tf.GradientTape(watch_accessed_variables=False) as tape:
-                tape.watch(variables)
+                tape.watch(model.trainable_variables)
                 loss = -model.elbo((x, y)) / num_data
-            optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
-            if not update_noise:
-                noise.assign(before)
+            *gradients, noise_gradient = tape.gradient(loss, [*others, noise])
+            optimizers[0].learning_rate.assign(lr)
+            optimizers[0].apply_gradients(zip(gradients, others))
+            if update_noise:
+                optimizers[1].learning_rate.assign(noise_lr)
+                optimizers[1].apply_gradients([(noise_gradient, noise)])
             return loss
 
         return step
 
-    def fit(self, x: Tensor, y: Tensor, schedule: GPSchedule = GPSchedule(), progress: bool = False) -> FitResult:
+    def fit(
+        self, x: Tensor, y: Tensor, schedule: Schedule = GP_SCHEDULE, *, seed: int = 0, progress: bool = False
+    ) -> FitResult:
         """Maximize the ELBO on ``(x, y)`` (``(N, d)`` and ``(N,)``) with Adam and ``schedule``.
 
         The minibatches are those of :meth:`TorchGPRegressor.fit` with the same seed.
@@ -167,10 +174,11 @@ class GPflowSVGP(GPRegressor):
         x_all, y_all = _to_numpy(x), _to_numpy(y)[:, None]
         num_data = x_all.shape[0]
         self.model.num_data = num_data
-        step = self._step_function(num_data, schedule.learning_rate)
-        batches = minibatch_indices(num_data, schedule.batch_size, torch.Generator().manual_seed(schedule.seed))
+        step = self._step_function(num_data)
+        batches = Minibatches(num_data, schedule.batch_size, seed, replacement=False)
         full = (tf.constant(x_all), tf.constant(y_all))
-        result = FitResult()
+        fixed = schedule.fixed_noise_steps
+        losses = []
         start = time.perf_counter()
         for index in tqdm(range(schedule.steps), desc=f"fit {self.name}", disable=not progress, leave=False):
             batch = next(batches)
@@ -179,10 +187,12 @@ class GPflowSVGP(GPRegressor):
             else:
                 rows = batch.numpy()
                 batch_x, batch_y = tf.constant(x_all[rows]), tf.constant(y_all[rows])
-            loss = step(batch_x, batch_y, index >= schedule.fixed_noise_steps)
-            result.losses.append(float(loss.numpy()))
-        result.seconds = time.perf_counter() - start
-        return result
+            lr, noise_lr = (
+                tf.constant(schedule.lr * schedule.lr_factor(t), tf.float32) for t in (index, index - fixed)
+            )
+            loss = step(batch_x, batch_y, index >= fixed, lr, noise_lr)
+            losses.append(float(loss.numpy()))
+        return FitResult(losses, time.perf_counter() - start)
 
     def predict(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """Predictive mean and variance of ``y`` (noise included) at ``(N, d)`` inputs ``x``, float64 ``(N,)``."""

@@ -24,7 +24,8 @@ import gpytorch
 import torch
 from torch import Tensor
 
-from pyro_whvi.gp.regressor import GPInitialization, TorchGPRegressor, check_regression_data
+from ...gp import check_regression_data
+from ..gp_regressors import GPInitialization, TorchGPRegressor
 
 __all__ = [
     "GPyTorchSVGP",

@@ -1,6 +1,6 @@
 r"""Processes for data-parallel training on ``torch.distributed``: start them, join them, fail cleanly.
 
-Two ways to get a process group, and :mod:`pyro_whvi.engine` trains in either:
+Two ways to get a process group, and :mod:`pyro_whvi.experiments.engine` trains in either:
 
 * :func:`launch` starts ``nproc`` processes on this machine (``torch.multiprocessing``, spawned) on a
   loopback rendezvous, each with ``gloo`` (CPU) or ``nccl`` (one GPU per process), and returns rank 0's

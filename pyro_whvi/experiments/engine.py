@@ -1,25 +1,29 @@
-r"""The SVI training loop behind every method: Pyro's ELBO as a module, in one process or data-parallel.
+r"""The one training loop of the application: Pyro's ELBO (or any loss module), in one process or data-parallel.
 
-:func:`train` optimizes ``Trace_ELBO()(model, guide)`` (Pyro's ``ELBOModule``, the path Pyro documents
-for PyTorch optimizers, Lightning and DDP) with Adam under a :class:`Schedule`. The same loop runs in
-one process and in every rank of a ``torch.distributed`` group (:mod:`pyro_whvi.distributed`):
+:func:`optimize` minimizes a loss module ``objective(x_batch, y_batch[, num_data=N])`` with Adam under a
+:class:`Schedule`, drawing minibatches from :class:`Minibatches` (the one sampler). :func:`train` is it for a
+Pyro model and guide: it optimizes ``Trace_ELBO()(model, guide)`` (Pyro's ``ELBOModule``, the path Pyro
+documents for PyTorch optimizers, Lightning and DDP); the GP regressors
+(:mod:`pyro_whvi.experiments.gp_regressors`) pass their negative ELBO. The same loop runs in one process and
+in every rank of a ``torch.distributed`` group (:mod:`pyro_whvi.experiments.distributed`):
 
 * **Parameters** are created by one warm-up call of the guide, then wrapped in
   ``DistributedDataParallel``, which broadcasts rank 0's values (and buffers, once: a buffer a model
   updates during training, such as BatchNorm's running statistics, stays per rank) and averages the
   gradients.
-* **Minibatches**: every rank draws the same global batch of ``batch_size`` indices (with replacement,
-  from a generator seeded by ``seed``) and keeps its own contiguous shard of ``batch_size / world``; the
-  likelihood is scaled to the full data set (``num_data``). The average of the ranks' gradients is then
-  the gradient of the whole batch, and one process draws exactly today's batches.
+* **Minibatches**: every rank draws the same global batch of ``batch_size`` indices (with replacement, or
+  without within epochs, from a generator seeded by ``seed``) and keeps its own contiguous shard of
+  ``batch_size / world``; the likelihood is scaled to the full data set (``num_data``). The average of the
+  ranks' gradients is then the gradient of the whole batch, and one process draws exactly today's batches.
 * **Noise**: ``"per_rank"`` (default) reseeds every rank differently, so each draws its own noise;
   ``"per_example"`` draws the per-example noise of the structured guides' lazy weights from the example's
   position in the global batch and the step (:func:`~pyro_whvi.infer.example_seeds`) and keeps the other
   draws identical on all ranks, so that a run does not depend on the number of processes.
-* **The fixed-noise phase** (regression, App. D.1): the model's ``noise_scale`` gets no update during
-  the first ``fixed_noise_steps``; its learning-rate schedule starts when it starts learning.
+* **The fixed-noise phase** (regression, App. D.1 and D.4): the held parameters (a Gaussian model's
+  ``noise_scale``, a GP likelihood's noise) get no update, and no Adam state, during the first
+  ``fixed_noise_steps``; their learning-rate schedule starts when they start learning.
 * **Checkpoints** (:class:`Checkpoint`): every ``every`` steps rank 0 writes, atomically, the parameters,
-  Adam's state, the schedule, the batch generator and every rank's random state; a run that finds a
+  Adam's state, the schedule, the sampler and every rank's random state; a run that finds a
   checkpoint with its key resumes from it and ends exactly where an uninterrupted run ends.
 
 References:
@@ -32,7 +36,7 @@ from __future__ import annotations
 import contextlib
 import io
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,13 +48,14 @@ from torch import Tensor
 from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
+from ..infer import example_seeds
 from . import distributed
-from ._results import write_atomic
-from .infer import example_seeds
+from .reporting import write_atomic
 
-__all__ = ["NOISE_MODES", "Checkpoint", "Schedule", "shard_size", "train"]
+__all__ = ["NOISE_MODES", "Checkpoint", "Minibatches", "Schedule", "optimize", "shard_size", "train"]
 
 NOISE_MODES = ("per_rank", "per_example")
+_CHECKPOINT_FORMAT = 2  # 2: the sampler's state replaces the batch generator's
 
 
 @dataclass(frozen=True)
@@ -103,6 +108,57 @@ class Checkpoint:
             raise ValueError(f"Checkpoint: every >= 1 step expected, got {self.every}.")
 
 
+class Minibatches:
+    """The one minibatch sampler: endless global batches of indices into ``num_data`` examples.
+
+    :param batch_size: indices per batch (``None`` or ``>= num_data``: every draw is ``None``, the full data).
+    :param seed: seeds the sampler's own generator (the global random state is left alone).
+    :param replacement: draw each batch with replacement (the WHVI paper's schedule); otherwise shuffle once
+        per epoch and cut the permutation into consecutive batches.
+    :param drop_last: without replacement, skip an epoch's last, smaller batch (``False``: every epoch
+        visits every index).
+    """
+
+    def __init__(
+        self, num_data: int, batch_size: int | None, seed: int = 0, *, replacement: bool = True, drop_last: bool = True
+    ):
+        if num_data < 1 or (batch_size is not None and batch_size < 1):
+            raise ValueError(f"Minibatches: num_data >= 1 and batch_size >= 1 expected, got {num_data}, {batch_size}.")
+        self.num_data = num_data
+        self.batch_size = min(batch_size or num_data, num_data)
+        self.replacement = replacement
+        self.drop_last = drop_last
+        self.generator = torch.Generator().manual_seed(seed)
+        self._order: Tensor | None = None
+        self._position = 0
+
+    @property
+    def full_batch(self) -> bool:
+        return self.batch_size >= self.num_data
+
+    def __iter__(self) -> Minibatches:
+        return self
+
+    def __next__(self) -> Tensor | None:
+        if self.full_batch:
+            return None
+        if self.replacement:
+            return torch.randint(self.num_data, (self.batch_size,), generator=self.generator)
+        left = self.num_data - self._position
+        if self._order is None or left <= 0 or (self.drop_last and left < self.batch_size):
+            self._order, self._position = torch.randperm(self.num_data, generator=self.generator), 0
+        batch = self._order[self._position : self._position + self.batch_size]
+        self._position += self.batch_size
+        return batch
+
+    def state_dict(self) -> dict:
+        return {"generator": self.generator.get_state(), "order": self._order, "position": self._position}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.generator.set_state(state["generator"])
+        self._order, self._position = state["order"], int(state["position"])
+
+
 def _noise_parameter(model) -> torch.nn.Parameter | None:
     """The unconstrained parameter of a Gaussian model's learned ``noise_scale``, if it has one."""
     if getattr(model, "likelihood", None) != "gaussian":
@@ -149,6 +205,8 @@ def _read_checkpoint(checkpoint: Checkpoint, world: int, noise: str) -> dict | N
         warnings.warn(f"{path} is unreadable ({error}); training from the start", stacklevel=3)
         return None
     saved = (state.get("key"), state.get("world_size"), state.get("noise"))
+    if state.get("format") != _CHECKPOINT_FORMAT:
+        saved = ("an older checkpoint format", *saved[1:])
     if saved != (checkpoint.key, world, noise):
         warnings.warn(
             f"{path} belongs to another run (key, processes, noise {saved} instead of "
@@ -175,7 +233,8 @@ def train(
     """Fit ``guide`` to ``model`` on ``(x, y)`` with ``Trace_ELBO`` and Adam under ``schedule``.
 
     Call it in every rank of a process group for data-parallel training (see the module docstring);
-    the model must take ``(x, y, num_data=...)`` like :class:`~pyro_whvi.models.BayesianMLP`.
+    the model must take ``(x, y, num_data=...)`` like :class:`~pyro_whvi.nn.networks.BayesianMLP`. A
+    Gaussian model's learned ``noise_scale`` is held for ``schedule.fixed_noise_steps``.
 
     :param seed: seeds the minibatches (and, data-parallel, each rank's noise).
     :param initialize: called before the warm-up unless a checkpoint is resumed (e.g. I-BLM).
@@ -184,82 +243,130 @@ def train(
     :param noise: ``"per_rank"`` or ``"per_example"`` (see the module docstring).
     :returns: this rank's loss (negative ELBO estimate) at every step, resumed steps included.
     """
+
+    def warm_up(x_shard: Tensor, y_shard: Tensor, **scaled) -> None:
+        # Create the guide's parameters before the optimizer and DDP see them ("per_example": seeded draws
+        # leave the global random stream as a run with another number of processes leaves it).
+        with torch.no_grad(), pyro.validation_enabled(False):
+            guide(x_shard, y_shard, **scaled)
+
+    with pyro.validation_enabled(False):
+        return optimize(
+            Trace_ELBO()(model, guide),
+            x,
+            y,
+            schedule,
+            seed=seed,
+            held=lambda: [p for p in [_noise_parameter(model)] if p is not None],
+            initialize=initialize,
+            warm_up=warm_up,
+            progress=progress,
+            checkpoint=checkpoint,
+            noise=noise,
+        )
+
+
+def optimize(
+    objective: torch.nn.Module,
+    x: Tensor,
+    y: Tensor,
+    schedule: Schedule = Schedule(),
+    *,
+    seed: int = 0,
+    held: Callable[[], Sequence[torch.nn.Parameter]] = list,
+    initialize: Callable[[], None] | None = None,
+    warm_up: Callable[..., None] | None = None,
+    replacement: bool = True,
+    progress: bool | str = True,
+    checkpoint: Checkpoint | None = None,
+    noise: str = "per_rank",
+) -> list[float]:
+    """Minimize ``objective(x_batch, y_batch, num_data=N)`` with Adam under ``schedule`` (``num_data`` only
+    when the batch is a minibatch), in one process or in every rank of a process group.
+
+    :param held: the parameters held during ``schedule.fixed_noise_steps`` (called after the warm-up).
+    :param initialize: called first, unless a checkpoint is resumed.
+    :param warm_up: called with this rank's first shard (and ``num_data``) to create lazily made parameters
+        before the optimizer and DDP see them.
+    :param replacement: minibatches with replacement (:class:`Minibatches`); otherwise epochs of a permutation.
+    :returns: this rank's loss at every step, resumed steps included.
+    """
     if x.shape[0] != y.shape[0]:
         raise ValueError(f"train: x has {x.shape[0]} rows but y has {y.shape[0]}.")
     if noise not in NOISE_MODES:
         raise ValueError(f"train: noise must be one of {NOISE_MODES}, got {noise!r}")
     world, rank = distributed.world_size(), distributed.rank()
     num_data = x.shape[0]
-    global_batch = min(schedule.batch_size or num_data, num_data)
-    local = shard_size(global_batch, world)
+    sampler = Minibatches(num_data, schedule.batch_size, seed, replacement=replacement)
+    local = shard_size(sampler.batch_size, world)
     state = _read_checkpoint(checkpoint, world, noise) if checkpoint is not None else None
     if state is None and initialize is not None:
         initialize()
-    scaled = {"num_data": num_data} if local < num_data else {}
-    # Create the guide's parameters before the optimizer and DDP see them ("per_example": seeded draws
-    # leave the global random stream as a run with another number of processes leaves it).
-    with torch.no_grad(), pyro.validation_enabled(False), _noise_scope(noise, range(local)):
-        guide(x[:local], y[:local], **scaled)
+    scaled = {} if sampler.full_batch else {"num_data": num_data}
+    if warm_up is not None:
+        with _noise_scope(noise, range(local)):
+            warm_up(x[:local], y[:local], **scaled)
 
-    elbo = Trace_ELBO()(model, guide)
-    noise_scale = _noise_parameter(model)
-    others = [p for p in elbo.parameters() if p is not noise_scale]
+    held_parameters = list(held())
+    held_ids = {id(p) for p in held_parameters}
+    others = [p for p in objective.parameters() if id(p) not in held_ids and p.requires_grad]
     groups: list[dict] = [{"params": others}]
     factors: list[Callable[[int], float]] = [schedule.lr_factor]
-    if noise_scale is not None:
+    if held_parameters:
         fixed = schedule.fixed_noise_steps
-        groups.append({"params": [noise_scale]})
+        groups.append({"params": held_parameters})
         factors.append(lambda step: schedule.lr_factor(step - fixed))
     optimizer = torch.optim.Adam(groups, lr=schedule.lr)
     lr_schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, factors)
-    batches = torch.Generator().manual_seed(seed)
     losses: list[float] = []
     start = 0
     if state is not None:
-        elbo.load_state_dict(state["elbo"])
+        objective.load_state_dict(state["objective"])
         optimizer.load_state_dict(state["optimizer"])
         lr_schedule.load_state_dict(state["lr_schedule"])
-        batches.set_state(state["batches"])
+        sampler.load_state_dict(state["sampler"])
         _set_rng_state(state["rng"][rank], x.device)
         losses, start = list(state["losses"]), int(state["step"])
     elif world > 1 and noise == "per_rank":
         pyro.set_rng_seed((seed + 7919 * (rank + 1)) % 2**32)
 
-    step_loss: torch.nn.Module = elbo
+    step_loss: torch.nn.Module = objective
     if world > 1:
         device_ids = [x.device.index] if x.device.type == "cuda" else None
         # Buffers (prior scales, fixed signs) are synchronized once here, not before every step.
         step_loss = DistributedDataParallel(
-            elbo, device_ids=device_ids, broadcast_buffers=False, gradient_as_bucket_view=True
+            objective, device_ids=device_ids, broadcast_buffers=False, gradient_as_bucket_view=True
         )
-    fixed_phase = schedule.fixed_noise_steps if noise_scale is not None else 0
+    fixed_phase = schedule.fixed_noise_steps if held_parameters else 0
     label = progress if isinstance(progress, str) else "training"
-    steps = range(start, schedule.steps)
     hidden = not progress or rank != 0
+    steps = range(start, schedule.steps)
     bar = tqdm(steps, desc=label, total=schedule.steps, initial=start, disable=hidden, leave=False, mininterval=1.0)
-    with pyro.validation_enabled(False):
-        for step in bar:
-            if global_batch < num_data:
-                index = torch.randint(num_data, (global_batch,), generator=batches)[rank * local : (rank + 1) * local]
-                x_batch, y_batch = x[index.to(x.device)], y[index.to(y.device)]
-            else:  # full batch: each rank its slice
-                x_batch, y_batch = x[rank * local : (rank + 1) * local], y[rank * local : (rank + 1) * local]
-            optimizer.zero_grad(set_to_none=True)
-            first = (seed * 1_000_003 + step) * 2**24 + rank * local  # the shard's positions in the global batch
-            with _noise_scope(noise, range(first, first + local)):
-                loss = step_loss(x_batch, y_batch, **scaled)
-            loss.backward()
-            if step < fixed_phase:
-                noise_scale.grad = None  # type: ignore[union-attr]
-            optimizer.step()
-            lr_schedule.step()
-            losses.append(float(loss.detach()))
-            if checkpoint is not None and (step + 1) % checkpoint.every == 0 and step + 1 < schedule.steps:
-                _save(checkpoint, elbo, optimizer, lr_schedule, batches, losses, step + 1, world, rank, noise, x.device)
+    for step in bar:
+        index = next(sampler)
+        if index is None:  # full batch: each rank its slice
+            x_batch, y_batch = x[rank * local : (rank + 1) * local], y[rank * local : (rank + 1) * local]
+        else:
+            index = index[rank * local : (rank + 1) * local].to(x.device)
+            x_batch, y_batch = x[index], y[index]
+        optimizer.zero_grad(set_to_none=True)
+        first = (seed * 1_000_003 + step) * 2**24 + rank * local  # the shard's positions in the global batch
+        with _noise_scope(noise, range(first, first + local)):
+            loss = step_loss(x_batch, y_batch, **scaled)
+        loss.backward()
+        if step < fixed_phase:
+            for parameter in held_parameters:
+                parameter.grad = None
+        optimizer.step()
+        lr_schedule.step()
+        losses.append(float(loss.detach()))
+        if checkpoint is not None and (step + 1) % checkpoint.every == 0 and step + 1 < schedule.steps:
+            stateful = {"objective": objective, "optimizer": optimizer, "lr_schedule": lr_schedule, "sampler": sampler}
+            _save(checkpoint, stateful, losses, step + 1, world, rank, noise, x.device)
     return losses
 
 
-def _save(checkpoint, elbo, optimizer, lr_schedule, batches, losses, step, world, rank, noise, device) -> None:
+def _save(checkpoint, stateful: dict, losses, step, world, rank, noise, device) -> None:
     """Gather every rank's random state and let rank 0 write the checkpoint atomically."""
     rng = [_rng_state(device)]
     if world > 1:
@@ -269,14 +376,12 @@ def _save(checkpoint, elbo, optimizer, lr_schedule, batches, losses, step, world
     if rank != 0:
         return
     state = {
+        "format": _CHECKPOINT_FORMAT,
         "key": checkpoint.key,
         "world_size": world,
         "noise": noise,
         "step": step,
-        "elbo": elbo.state_dict(),
-        "optimizer": optimizer.state_dict(),
-        "lr_schedule": lr_schedule.state_dict(),
-        "batches": batches.get_state(),
+        **{name: part.state_dict() for name, part in stateful.items()},
         "rng": rng,
         "losses": losses,
     }

@@ -6,8 +6,8 @@ GPflow and TensorFlow are the optional ``[baselines]`` extra; they are imported 
 
 from __future__ import annotations
 
-from pyro_whvi.baselines.gpflow_svgp import GPflowSVGP
-from pyro_whvi.baselines.svgp import (
+from .gpflow_svgp import GPflowSVGP
+from .svgp import (
     GPyTorchSVGP,
     inducing_points_for_parameters,
     initial_inducing_points,

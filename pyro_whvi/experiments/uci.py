@@ -6,12 +6,12 @@ bundled sets (``diabetes`` regression, ``breast_cancer`` and ``digits`` classifi
 index seeds their random 90/10 or 70/30 split). Inputs are standardized with training statistics;
 regression targets are standardized for training and the metrics reported in the original units.
 
-Each (method, split) is trained with :func:`pyro_whvi.methods.fit` and written to
+Each (method, split) is trained with :func:`pyro_whvi.experiments.methods.fit` and written to
 ``<out>/runs/<dataset>/<method>/split<k>.json`` with a fingerprint of the settings and of the data (the
 folder's resolved path and a hash of the files the split is read from); a rerun with the same settings
 on the same data reads finished splits instead of training them again. The summary (mean and standard
 error over splits) goes to ``<out>/uci_<dataset>.{json,csv,md}``. With ``nproc > 1`` (or under
-``torchrun``) each split is trained data-parallel (:mod:`pyro_whvi.engine`); a split's training state
+``torchrun``) each split is trained data-parallel (:mod:`pyro_whvi.experiments.engine`); a split's training state
 is checkpointed next to its result and a rerun resumes it.
 
 Metrics (Monte-Carlo predictive with ``samples`` posterior draws): regression — test RMSE and MNLL
@@ -41,22 +41,23 @@ import torch
 import torch.distributed as dist
 from tqdm.auto import tqdm
 
-from . import distributed
-from ._plots import draw_reliability
-from ._results import check_writable, save_tables, write_atomic
-from .data import gaussian_mnll, load_breast_cancer_split, load_diabetes_split, load_digits_split, load_uci_split, rmse
-from .data.noisy_sets import NOISE_FILE, noise_floor, read_noise_std
-from .data.uci import num_uci_splits, uci_split_files
-from .engine import Checkpoint, shard_size
-from .methods import MethodSpec, Schedule, build_method, fit, parse_method, predictive_samples
-from .metrics import (
+from ..data import load_breast_cancer_split, load_diabetes_split, load_digits_split, load_uci_split
+from ..data.uci import num_uci_splits, uci_split_files
+from ..metrics import (
     categorical_nll,
     error_rate,
     expected_calibration_error,
+    gaussian_mnll,
     mean_and_standard_error,
     predictive_entropy,
     reliability_diagram,
+    rmse,
 )
+from . import distributed
+from .engine import Checkpoint, shard_size
+from .methods import MethodSpec, Schedule, build_method, fit, parse_method, predictive_samples
+from .noisy_sets import NOISE_FILE, noise_floor, read_noise_std
+from .reporting import check_writable, draw_reliability, save_tables, write_atomic
 
 __all__ = [
     "BUNDLED_DATASETS",
@@ -75,11 +76,11 @@ REGRESSION_METRICS = ("rmse", "mnll")
 # Bumped when a method's construction changes, so that its stored splits are trained again.
 _VERSIONS = {name: 2 for name in ("whvi", "nf-whvi", "whvi+iblm", "nf-whvi+iblm")}
 CLASSIFICATION_METRICS = ("error", "nll", "ece", "entropy")
-# With a known noise level (a folder written by pyro_whvi.data.noisy_sets): test MNLL minus the best
+# With a known noise level (a folder written by pyro_whvi.experiments.noisy_sets): test MNLL minus the best
 # possible, test RMSE over the noise's sigma (1 at best) and the estimated noise scale over sigma.
 FLOOR_METRICS = ("mnll_gap", "rmse_ratio", "noise_ratio")
 FLOOR_LABELS = {"mnll_gap": "MNLL - floor", "rmse_ratio": "RMSE / σ", "noise_ratio": "noise / σ"}
-# Bumped when the training loop changes every method's numbers. 2: pyro_whvi.engine (the noise scale's
+# Bumped when the training loop changes every method's numbers. 2: pyro_whvi.experiments.engine (the noise scale's
 # Adam state no longer starts from the gradient summed over the fixed-noise phase).
 ENGINE_VERSION = 2
 _NOT_FINGERPRINTED = ("methods", "splits", "checkpoint_every", "progress")
@@ -358,7 +359,7 @@ def run_uci(
     """Run every (method, split) of ``config`` not already finished in ``out``; write and return the summary.
 
     With ``config.nproc > 1`` the splits are trained data-parallel by that many processes started here
-    (:func:`pyro_whvi.distributed.launch`), or by the processes of the group this one already belongs to
+    (:func:`pyro_whvi.experiments.distributed.launch`), or by the processes of the group this one already belongs to
     (``torchrun``); the batch is split over them. Rank 0 writes every file; a split's training state is
     checkpointed every ``config.checkpoint_every`` steps to ``runs/<dataset>/<method>/split<k>.ckpt`` and a
     rerun resumes it.

@@ -76,7 +76,7 @@ def _parser() -> argparse.ArgumentParser:
             "circuit: test RMSE and MNLL vs the number of variational parameters, as a table and a plot."
         ),
     )
-    from .gp.experiment import add_arguments
+    from .gp import add_arguments
 
     add_arguments(gp, Path("whvi_gp"))
     gp.set_defaults(subparser=gp)  # finish_arguments reports bad values through the subcommand's parser
@@ -86,7 +86,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _add_synthetic(commands) -> None:
-    from .data.synthetic import SYNTHETIC_FUNCTIONS
+    from ..data.synthetic import SYNTHETIC_FUNCTIONS
 
     names = tuple(SYNTHETIC_FUNCTIONS)
     synthetic = commands.add_parser(
@@ -122,8 +122,8 @@ def _choices(text: str, names: tuple[str, ...], flag: str) -> tuple[str, ...]:
 
 
 def _synthetic(args: argparse.Namespace) -> int:
-    from ._results import check_writable
-    from .data.noisy_sets import write_noisy_set
+    from .noisy_sets import write_noisy_set
+    from .reporting import check_writable
 
     try:
         check_writable(args.out)
@@ -291,8 +291,8 @@ def _uci(args: argparse.Namespace) -> int:
     import torch
 
     from . import distributed
-    from ._results import check_writable
     from .methods import Schedule
+    from .reporting import check_writable
     from .uci import UCIConfig, check_source, dataset_name, run_uci
 
     source = args.data_dir if args.data_dir is not None else (args.dataset or "diabetes")
@@ -353,7 +353,7 @@ def _gp(args: argparse.Namespace) -> int:
 
     import torch
 
-    from .gp.experiment import finish_arguments, run, save
+    from .gp import finish_arguments, run, save
 
     args = finish_arguments(args.subparser, args)
     if "svgp-gpflow" in args.methods:
@@ -379,7 +379,7 @@ def _gp(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .ops import BackendEnvironmentError, get_backend
+    from ..ops import BackendEnvironmentError, get_backend
 
     try:
         get_backend()  # a bad $PYRO_WHVI_BACKEND is reported here, in one line, before anything runs

@@ -1,4 +1,4 @@
-r"""Ready-made Pyro models used by the tests, benchmarks and tutorials.
+r"""Ready-made Bayesian networks (Pyro models) used by the methods, tests, benchmarks and tutorials.
 
 They are ordinary Pyro: ``PyroModule`` layers with ``PyroSample`` priors, usable with any guide.
 """

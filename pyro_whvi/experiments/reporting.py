@@ -1,4 +1,5 @@
-"""Writing a results table: the one format every benchmark and the command line use."""
+"""Reporting results: the one table format every benchmark and command writes (atomically), and shared plots
+(matplotlib is imported by the callers)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-__all__ = ["check_writable", "save_tables", "write_atomic"]
+from torch import Tensor
+
+__all__ = ["check_writable", "draw_reliability", "save_tables", "write_atomic"]
 
 
 def write_atomic(path: Path, data: str | bytes) -> None:
@@ -55,3 +58,12 @@ def save_tables(out: Path, stem: str, meta: dict[str, Any], rows: list[dict[str,
     writer.writerows(rows)
     write_atomic(out / f"{stem}.csv", table.getvalue())
     write_atomic(out / f"{stem}.md", text + "\n")
+
+
+def draw_reliability(ax: Any, confidence: Tensor, accuracy: Tensor, count: Tensor, title: str) -> None:
+    """A reliability diagram on ``ax``: one bar per non-empty confidence bin, and the diagonal."""
+    keep = count > 0
+    ax.plot([0, 1], [0, 1], "k--", lw=1)
+    ax.bar(confidence[keep], accuracy[keep], width=1 / len(count), alpha=0.6, edgecolor="C0")
+    ax.set(xlim=(0, 1), ylim=(0, 1), xlabel="confidence", ylabel="accuracy")
+    ax.set_title(title, fontsize=9)

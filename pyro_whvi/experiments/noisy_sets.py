@@ -23,8 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .._results import write_atomic
-from .synthetic import SYNTHETIC_FUNCTIONS, latin_hypercube
+from ..data.synthetic import SYNTHETIC_FUNCTIONS, latin_hypercube
+from .reporting import write_atomic
 
 __all__ = ["NOISE_FILE", "noise_floor", "read_noise_std", "write_noisy_set"]
 

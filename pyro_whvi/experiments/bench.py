@@ -31,7 +31,7 @@ def find_benchmarks(directory: Path | None = None) -> Path:
 
     :raises FileNotFoundError: naming where it looked and how to get the scripts.
     """
-    candidates = [directory] if directory is not None else [Path(__file__).resolve().parents[1] / "benchmarks"]
+    candidates = [directory] if directory is not None else [Path(__file__).resolve().parents[2] / "benchmarks"]
     for candidate in candidates:
         if candidate is not None and all((candidate / script).is_file() for script in BENCHMARKS.values()):
             return candidate

@@ -1,6 +1,6 @@
 r"""Inference methods by name, and the WHVI paper's training schedule, on Pyro's own ``Trace_ELBO``.
 
-One name per method, the same Pyro model for all of them (a :class:`~pyro_whvi.models.BayesianMLP`):
+One name per method, the same Pyro model for all of them (a :class:`~pyro_whvi.nn.networks.BayesianMLP`):
 
 =============  ==========================================================================
 ``mfg``        Pyro's ``AutoNormal`` (mean-field Gaussian VI)
@@ -14,7 +14,7 @@ One name per method, the same Pyro model for all of them (a :class:`~pyro_whvi.m
 Append ``+iblm`` (``whvi+iblm``, ``mfg+iblm``, ...) to start the guide from I-BLM
 (:func:`~pyro_whvi.iblm_`) instead of its default initialization.
 
-:func:`fit` runs the WHVI paper's schedule (App. D.1) through :func:`pyro_whvi.engine.train`: Adam
+:func:`fit` runs the WHVI paper's schedule (App. D.1) through :func:`pyro_whvi.experiments.engine.train`: Adam
 with the learning rate :math:`\lambda_t = \lambda_0 (1 + \gamma t)^{-p}`, minibatches, and for
 regression the noise scale held fixed for the first ``fixed_noise_steps``, in one process or
 data-parallel; :func:`predictive_samples` draws the Monte-Carlo predictive with ``Predictive``.
@@ -40,10 +40,10 @@ from pyro.infer import Predictive
 from pyro.infer.autoguide import AutoDelta, AutoNormal, init_to_sample
 from torch import Tensor
 
+from ..infer import AutoVSDGuide, AutoWHVIGuide
+from ..init import iblm_
+from ..nn import BayesianMLP
 from .engine import Checkpoint, Schedule, train
-from .infer import AutoVSDGuide, AutoWHVIGuide
-from .init import iblm_
-from .models import BayesianMLP
 
 __all__ = [
     "BASE_METHODS",
@@ -155,7 +155,8 @@ def fit(
     checkpoint: Checkpoint | None = None,
     noise: str = "per_rank",
 ) -> list[float]:
-    """Train ``guide`` on ``(x, y)`` with :func:`pyro_whvi.engine.train` (``Trace_ELBO``, Adam, ``schedule``).
+    """Train ``guide`` on ``(x, y)`` with :func:`~pyro_whvi.experiments.engine.train` (``Trace_ELBO``, Adam,
+    ``schedule``).
 
     With ``+iblm`` the guide is first initialized by :func:`~pyro_whvi.iblm_` on the training data
     (not when a checkpoint is resumed). Minibatches (drawn with replacement from a generator seeded by
@@ -163,8 +164,8 @@ def fit(
     every rank of a ``torch.distributed`` group, it trains data-parallel.
 
     :param progress: show a progress bar (a string is its label).
-    :param checkpoint: save and resume the run here (:class:`~pyro_whvi.engine.Checkpoint`).
-    :param noise: ``"per_rank"`` or ``"per_example"`` (see :mod:`pyro_whvi.engine`).
+    :param checkpoint: save and resume the run here (:class:`~pyro_whvi.experiments.engine.Checkpoint`).
+    :param noise: ``"per_rank"`` or ``"per_example"`` (see :mod:`pyro_whvi.experiments.engine`).
     :returns: the ELBO loss (negative ELBO estimate) of every step.
     """
     spec = parse_method(spec) if isinstance(spec, str) else spec

@@ -13,6 +13,7 @@ References:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import statistics
 from pathlib import Path
@@ -20,12 +21,11 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from .._results import save_tables
-from ..baselines import GPyTorchSVGP, inducing_points_for_parameters, initial_inducing_points
 from ..data.synthetic import SYNTHETIC_FUNCTIONS, make_synthetic_dataset
-from .model import RandomFeatureRegressor
-from .posteriors import WHVIWeightPosterior
-from .regressor import GPRegressor, GPSchedule
+from ..gp.posteriors import WHVIWeightPosterior
+from .baselines import GPyTorchSVGP, inducing_points_for_parameters, initial_inducing_points
+from .gp_regressors import GP_SCHEDULE, GPRegressor, RandomFeatureRegressor
+from .reporting import save_tables
 
 __all__ = ["COVARIANCES", "METHODS", "add_arguments", "finish_arguments", "run", "save", "summarize"]
 
@@ -60,7 +60,7 @@ def build(method: str, covariance: str, block: int, input_dim: int, train_x: tor
     inducing = initial_inducing_points(train_x, num_inducing, seed=args.seed)
     if method == "svgp-gpytorch":
         return GPyTorchSVGP(inducing, covariance)
-    from ..baselines import GPflowSVGP
+    from .baselines import GPflowSVGP
 
     return GPflowSVGP(inducing, covariance)
 
@@ -91,14 +91,14 @@ def run(args) -> list[dict]:
         torch.manual_seed(args.seed)
         model = build(method, covariance, block, input_dim, data.train_x, args)
         learning_rate = PAPER_LEARNING_RATE.get(name, DEFAULT_LEARNING_RATE) * args.lr_scale
-        schedule = GPSchedule(
+        schedule = dataclasses.replace(
+            GP_SCHEDULE,
             steps=args.steps,
             fixed_noise_steps=args.fixed_noise_steps,
-            learning_rate=learning_rate,
+            lr=learning_rate,
             batch_size=args.batch_size,
-            seed=args.seed,
         )
-        result = model.fit(data.train_x, data.train_y, schedule, progress=args.progress)
+        result = model.fit(data.train_x, data.train_y, schedule, seed=args.seed, progress=args.progress)
         rmse, mnll = evaluate(model, data.test_x, data.test_y)
         rows.append(
             {
