@@ -8,7 +8,7 @@ VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 
-.PHONY: demo test install install-dev build-kernels lint bench clean
+.PHONY: demo test quick install install-dev build-kernels lint bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +36,11 @@ lint:
 # Everything CI runs: all extras, lint, types, and the whole test suite with the compiled kernels required.
 test: install-dev build-kernels lint
 	PYRO_WHVI_REQUIRE_COMPILED=1 $(BIN)/python -m pytest
+
+# The quick loop while developing: the tests not marked `slow` (see pyproject.toml), in the environment as
+# it is (no install, no lint). `make test` runs the slow ones too.
+quick:
+	PYRO_WHVI_REQUIRE_COMPILED=1 $(BIN)/python -m pytest -m "not slow"
 
 # All speed benchmarks (fwht, svi, vsd, gp), full size: results and plots in benchmarks/results.
 bench: install-dev build-kernels

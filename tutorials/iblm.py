@@ -30,7 +30,7 @@ from pyro.optim import PyroOptim
 from pyro_whvi import AutoWHVIGuide, iblm_
 from pyro_whvi.data import load_digits_split, toy_regression_1d
 from pyro_whvi.metrics import categorical_nll, error_rate
-from pyro_whvi.models import BayesianCNN, BayesianMLP
+from pyro_whvi.nn import BayesianCNN, BayesianMLP
 
 FAST = os.environ.get("PYRO_WHVI_TUTORIAL_FAST") == "1"
 OUT = Path(os.environ.get("PYRO_WHVI_TUTORIAL_OUT", Path(__file__).parent / "figures"))

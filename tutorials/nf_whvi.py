@@ -30,7 +30,7 @@ from pyro.optim import PyroOptim
 
 from pyro_whvi import AutoWHVIGuide
 from pyro_whvi.data import TOY_GAP, TOY_NOISE_SCALE, toy_function, toy_regression_1d
-from pyro_whvi.models import BayesianMLP
+from pyro_whvi.nn import BayesianMLP
 
 FAST = os.environ.get("PYRO_WHVI_TUTORIAL_FAST") == "1"
 OUT = Path(os.environ.get("PYRO_WHVI_TUTORIAL_OUT", Path(__file__).parent / "figures"))

@@ -29,9 +29,11 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import torch
 
-from pyro_whvi.baselines import GPyTorchSVGP, inducing_points_for_parameters, initial_inducing_points
 from pyro_whvi.data import make_synthetic_dataset, toy_regression_1d
-from pyro_whvi.gp import GPSchedule, RandomFeatureGP, RandomFeatureKernel, RandomFeatureRegressor
+from pyro_whvi.experiments.baselines import GPyTorchSVGP, inducing_points_for_parameters, initial_inducing_points
+from pyro_whvi.experiments.engine import Schedule
+from pyro_whvi.experiments.gp_regressors import RandomFeatureRegressor
+from pyro_whvi.gp import RandomFeatureGP, RandomFeatureKernel
 from pyro_whvi.gp.kernel import rbf_kernel_matrix
 
 FAST = os.environ.get("PYRO_WHVI_TUTORIAL_FAST") == "1"
@@ -131,7 +133,9 @@ fig.savefig(OUT / "random_features_toy_bands.png", dpi=120)
 # %%
 data = make_synthetic_dataset("otlcircuit", num_points=600 if FAST else 4000, seed=0)
 d = data.train_x.shape[1]
-schedule = GPSchedule(steps=60 if FAST else 3000, fixed_noise_steps=50 if FAST else 2500, learning_rate=2.4e-3)
+schedule = Schedule(
+    steps=60 if FAST else 3000, fixed_noise_steps=50 if FAST else 2500, batch_size=256, lr=2.4e-3, lr_power=0.0
+)
 blocks = [8, 16] if FAST else [8, 16, 32]
 results: dict[str, list[tuple[int, float]]] = {"rf-whvi": [], "rf (mean field)": [], "svgp": []}
 for block in blocks:

@@ -31,7 +31,7 @@ from pyro.optim import PyroOptim
 from pyro_whvi import AutoVSDGuide, KLAnnealing
 from pyro_whvi.data import load_digits_split
 from pyro_whvi.metrics import categorical_nll, error_rate, expected_calibration_error, reliability_diagram
-from pyro_whvi.models import BayesianCNN
+from pyro_whvi.nn import BayesianCNN
 
 FAST = os.environ.get("PYRO_WHVI_TUTORIAL_FAST") == "1"
 OUT = Path(os.environ.get("PYRO_WHVI_TUTORIAL_OUT", Path(__file__).parent / "figures"))

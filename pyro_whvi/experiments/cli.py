@@ -12,34 +12,14 @@ Bad arguments and bad data get a one-line error (exit status 2), not a traceback
 from __future__ import annotations
 
 import argparse
-import math
-import os
 import sys
-import warnings
 from pathlib import Path
-from typing import NoReturn
 
+from .arguments import OneLineErrorParser, choices, nonnegative, positive, positive_float
 from .demo import METHODS, DemoConfig, run_demo
+from .uci_command import add_uci_command, run_uci_command
 
 __all__ = ["main"]
-
-
-class _Parser(argparse.ArgumentParser):
-    """An argument parser whose errors are one line, ``whvi uci: error: ...`` (exit status 2), without the
-    usage block (``--help`` shows it)."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {' '.join(message.splitlines())}\n")
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
 
 
 def _methods(text: str) -> tuple[str, ...]:
@@ -51,7 +31,7 @@ def _methods(text: str) -> tuple[str, ...]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="whvi", description="pyro_whvi: structured variational inference.")
+    parser = OneLineErrorParser(prog="whvi", description="pyro_whvi: structured variational inference.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     demo = commands.add_parser(
         "demo",
@@ -63,11 +43,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--out", type=Path, default=Path("whvi_demo"), help="output folder (default ./whvi_demo)")
     demo.add_argument("--methods", type=_methods, default=METHODS, help=f"comma-separated, from {','.join(METHODS)}")
-    demo.add_argument("--toy-steps", type=_positive, default=DemoConfig.toy_steps, help="SVI steps on the toy problem")
-    demo.add_argument("--digits-steps", type=_positive, default=DemoConfig.digits_steps, help="SVI steps on digits")
-    demo.add_argument("--samples", type=_positive, default=DemoConfig.samples, help="posterior samples to predict")
+    demo.add_argument("--toy-steps", type=positive, default=DemoConfig.toy_steps, help="SVI steps on the toy problem")
+    demo.add_argument("--digits-steps", type=positive, default=DemoConfig.digits_steps, help="SVI steps on digits")
+    demo.add_argument("--samples", type=positive, default=DemoConfig.samples, help="posterior samples to predict")
     demo.add_argument("--seed", type=int, default=0)
-    _add_uci(commands)
+    add_uci_command(commands)
     gp = commands.add_parser(
         "gp",
         help="random-feature GPs (RF, RF-WHVI) vs inducing points (SVGP) at matched parameter counts",
@@ -102,23 +82,15 @@ def _add_synthetic(commands) -> None:
     synthetic.add_argument("--out", type=Path, default=Path("whvi_synthetic"), help="output folder")
     synthetic.add_argument(
         "--functions",
-        type=lambda text: _choices(text, names, "--functions"),
+        type=lambda text: choices(text, names, "--functions"),
         default=names,
         help=f"comma-separated, from {','.join(names)} (default all)",
     )
-    synthetic.add_argument("--rows", type=_positive, default=20_000, help="rows per set (default 20000)")
-    synthetic.add_argument("--noise", type=_positive_float, default=0.2, help="sigma / std(f) (default 0.2)")
-    synthetic.add_argument("--splits", type=_positive, default=5, help="random 90/10 splits (default 5)")
-    synthetic.add_argument("--seed", type=_nonnegative, default=0)
+    synthetic.add_argument("--rows", type=positive, default=20_000, help="rows per set (default 20000)")
+    synthetic.add_argument("--noise", type=positive_float, default=0.2, help="sigma / std(f) (default 0.2)")
+    synthetic.add_argument("--splits", type=positive, default=5, help="random 90/10 splits (default 5)")
+    synthetic.add_argument("--seed", type=nonnegative, default=0)
     synthetic.set_defaults(subparser=synthetic)
-
-
-def _choices(text: str, names: tuple[str, ...], flag: str) -> tuple[str, ...]:
-    chosen = tuple(name.strip() for name in text.split(",") if name.strip())
-    unknown = [name for name in chosen if name not in names]
-    if unknown or not chosen:
-        raise argparse.ArgumentTypeError(f"{flag}: choose from {','.join(names)}, got {text!r}")
-    return chosen
 
 
 def _synthetic(args: argparse.Namespace) -> int:
@@ -179,175 +151,6 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def _nonnegative(text: str) -> int:
-    return _positive(text) if text != "0" else 0
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not 0 < value < math.inf:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-    return value
-
-
-def _uci_methods(text: str) -> tuple[str, ...]:
-    from .methods import parse_method
-
-    methods = tuple(m.strip() for m in text.split(",") if m.strip())
-    if not methods:
-        raise argparse.ArgumentTypeError("expected comma-separated methods, e.g. mfg,mcd,whvi")
-    try:
-        return tuple(parse_method(m).name for m in methods)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
-
-
-def _splits(text: str) -> tuple[int, ...]:
-    from .uci import parse_splits
-
-    try:
-        return parse_splits(text)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
-
-
-def _add_uci(commands) -> None:
-    from .methods import BASE_METHODS, Schedule
-    from .uci import BUNDLED_DATASETS, UCIConfig
-
-    uci = commands.add_parser(
-        "uci",
-        help="Bayesian MLPs on UCI-format regression splits or bundled scikit-learn sets; resumable",
-        description=(
-            "Train a Bayesian MLP with each method on each split and report test RMSE/MNLL (regression, original "
-            "units) or error/NLL/ECE/entropy (classification), mean ± standard error over splits. Finished splits "
-            "are read back from OUT/runs instead of being trained again. Methods: "
-            + ", ".join(BASE_METHODS)
-            + ", each optionally with +iblm (I-BLM initialization). The defaults are the WHVI paper's set-up "
-            "(App. D.1: 2x128 ReLU, batch 64, Adam 1e-3 decayed, noise fixed for 500 steps) with fewer steps."
-        ),
-    )
-    source = uci.add_mutually_exclusive_group()
-    source.add_argument("--data-dir", type=Path, help="a dataset directory in the UCI split format")
-    source.add_argument("--dataset", choices=BUNDLED_DATASETS, help="a bundled scikit-learn set (default diabetes)")
-    defaults, schedule = UCIConfig(), Schedule()
-    uci.add_argument(
-        "--methods", type=_uci_methods, default=defaults.methods, help="comma-separated (default mfg,mcd,whvi)"
-    )
-    uci.add_argument("--splits", type=_splits, default=defaults.splits, help="e.g. 0-4 or 0,3,7 (default 0-4)")
-    uci.add_argument("--steps", type=_positive, default=schedule.steps, help=f"SVI steps (default {schedule.steps})")
-    uci.add_argument(
-        "--fixed-noise-steps",
-        type=_nonnegative,
-        default=schedule.fixed_noise_steps,
-        help=f"first steps with the noise scale fixed (default {schedule.fixed_noise_steps})",
-    )
-    uci.add_argument("--batch-size", type=_positive, default=schedule.batch_size, help="minibatch size (default 64)")
-    uci.add_argument("--lr", type=_positive_float, default=schedule.lr, help="Adam's initial learning rate")
-    uci.add_argument("--hidden", type=_positive, default=defaults.hidden, help="hidden units per layer (default 128)")
-    uci.add_argument("--layers", type=_nonnegative, default=defaults.layers, help="hidden layers (default 2)")
-    uci.add_argument("--samples", type=_positive, default=defaults.samples, help="test-time posterior samples")
-    uci.add_argument(
-        "--dropout", type=_positive_float, default=defaults.dropout, help="MC dropout rate (default 0.005)"
-    )
-    uci.add_argument("--flows", type=_positive, default=defaults.flows, help="planar flows of nf-whvi (default 3)")
-    uci.add_argument("--reflections", type=_nonnegative, default=defaults.reflections, help="VSD's Householder T")
-    uci.add_argument("--seed", type=_nonnegative, default=defaults.seed)
-    uci.add_argument("--threads", type=_positive, help="torch threads per process (default: torch's choice)")
-    uci.add_argument("--out", type=Path, default=Path("whvi_uci"), help="output folder (default ./whvi_uci)")
-    parallel = uci.add_argument_group(
-        "data-parallel training",
-        "--nproc N starts N processes here (gloo on loopback); the batch is split over them. On several machines "
-        "or GPUs launch with torchrun instead: torchrun --nnodes M --nproc-per-node N -m pyro_whvi uci ... "
-        "(the processes torchrun starts are used, --nproc is not needed).",
-    )
-    parallel.add_argument("--nproc", type=_positive, default=1, help="processes on this machine (default 1)")
-    parallel.add_argument("--master-port", type=_positive, help="their rendezvous port (default: a free one)")
-    parallel.add_argument(
-        "--timeout", type=_positive_float, default=600.0, help="seconds a process waits for the others (default 600)"
-    )
-    parallel.add_argument(
-        "--checkpoint-every",
-        type=_nonnegative,
-        default=defaults.checkpoint_every,
-        help=f"steps between checkpoints of a split's training, resumed by a rerun (0: none; default "
-        f"{defaults.checkpoint_every})",
-    )
-    uci.set_defaults(subparser=uci)
-
-
-def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
-    from tqdm.auto import tqdm
-
-    tqdm.write(f"whvi uci: warning: {' '.join(str(message).splitlines())}", file=sys.stderr)
-
-
-def _uci(args: argparse.Namespace) -> int:
-    from datetime import timedelta
-
-    import torch
-
-    from . import distributed
-    from .methods import Schedule
-    from .reporting import check_writable
-    from .uci import UCIConfig, check_source, dataset_name, run_uci
-
-    source = args.data_dir if args.data_dir is not None else (args.dataset or "diabetes")
-    timeout = timedelta(seconds=args.timeout)
-    try:
-        if distributed.init_from_environment(timeout=timeout):  # started by torchrun: its processes
-            args.nproc = distributed.world_size()
-        elif args.master_port is not None:
-            distributed.check_port(args.master_port)
-        if args.threads and args.threads > (os.cpu_count() or 1):
-            raise ValueError(f"--threads: at most {os.cpu_count()} (the cores here) expected, got {args.threads}")
-        if args.dropout >= 1:
-            raise ValueError(f"--dropout must be below 1, got {args.dropout}")
-        config = UCIConfig(
-            methods=args.methods,
-            splits=args.splits,
-            schedule=Schedule(
-                steps=args.steps,
-                fixed_noise_steps=args.fixed_noise_steps,
-                batch_size=args.batch_size,
-                lr=args.lr,
-            ),
-            hidden=args.hidden,
-            layers=args.layers,
-            samples=max(2, args.samples),
-            dropout=args.dropout,
-            flows=args.flows,
-            reflections=args.reflections,
-            seed=args.seed,
-            nproc=args.nproc,
-            checkpoint_every=args.checkpoint_every,
-        )
-        check_source(source, config.splits)
-        check_writable(args.out)
-    except (ValueError, OSError) as error:
-        args.subparser.error(str(error))
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    with warnings.catch_warnings():
-        warnings.showwarning = _one_line_warning
-        try:
-            _, text = run_uci(source, config, args.out, port=args.master_port, timeout=timeout, threads=args.threads)
-        except RuntimeError as error:  # a process failed or died: one line, the others are stopped
-            if config.nproc == 1:
-                raise
-            print(
-                f"whvi uci: error: {error}; rerun the same command to resume from the last checkpoint", file=sys.stderr
-            )
-            return 1
-    if distributed.rank() == 0:
-        print("\n" + text)
-        print(f"\nwrote {args.out}/uci_{dataset_name(source)}.{{json,csv,md}}")
-    return 0
-
-
 def _gp(args: argparse.Namespace) -> int:
     import time
 
@@ -390,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "gp":
         return _gp(args)
     if args.command == "uci":
-        return _uci(args)
+        return run_uci_command(args)
     if args.command == "bench":
         return _bench(args)
     if args.command == "synthetic":

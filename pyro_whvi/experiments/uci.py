@@ -1,18 +1,17 @@
 r"""The UCI benchmark harness behind ``whvi uci``: any dataset, any methods, resumable.
 
-A dataset is a directory in the standard UCI split format (``data.txt``, ``index_features.txt``,
-``index_target.txt``, ``index_train_<k>.txt``, ``index_test_<k>.txt``) or one of scikit-learn's
-bundled sets (``diabetes`` regression, ``breast_cancer`` and ``digits`` classification; the split
-index seeds their random 90/10 or 70/30 split). Inputs are standardized with training statistics;
+A dataset is a directory in the UCI split format or one of scikit-learn's bundled sets
+(:mod:`~pyro_whvi.experiments.uci_data`). Inputs are standardized with training statistics;
 regression targets are standardized for training and the metrics reported in the original units.
 
 Each (method, split) is trained with :func:`pyro_whvi.experiments.methods.fit` and written to
 ``<out>/runs/<dataset>/<method>/split<k>.json`` with a fingerprint of the settings and of the data (the
 folder's resolved path and a hash of the files the split is read from); a rerun with the same settings
 on the same data reads finished splits instead of training them again. The summary (mean and standard
-error over splits) goes to ``<out>/uci_<dataset>.{json,csv,md}``. With ``nproc > 1`` (or under
-``torchrun``) each split is trained data-parallel (:mod:`pyro_whvi.experiments.engine`); a split's training state
-is checkpointed next to its result and a rerun resumes it.
+error over splits, :mod:`~pyro_whvi.experiments.uci_report`) goes to ``<out>/uci_<dataset>.{json,csv,md}``.
+With ``nproc > 1`` (or under ``torchrun``) each split is trained data-parallel
+(:mod:`pyro_whvi.experiments.engine`); a split's training state is checkpointed next to its result and a
+rerun resumes it.
 
 Metrics (Monte-Carlo predictive with ``samples`` posterior draws): regression — test RMSE and MNLL
 (negative log of the predictive mixture density, averaged over test points); classification — error
@@ -26,9 +25,7 @@ References:
 from __future__ import annotations
 
 import hashlib
-import io
 import json
-import math
 import time
 import warnings
 from dataclasses import asdict, dataclass, field
@@ -37,66 +34,51 @@ from pathlib import Path
 from typing import Any
 
 import pyro
-import torch
 import torch.distributed as dist
 from tqdm.auto import tqdm
 
-from ..data import load_breast_cancer_split, load_diabetes_split, load_digits_split, load_uci_split
-from ..data.uci import num_uci_splits, uci_split_files
 from ..metrics import (
-    categorical_nll,
-    error_rate,
-    expected_calibration_error,
-    gaussian_mnll,
-    mean_and_standard_error,
-    predictive_entropy,
     reliability_diagram,
-    rmse,
 )
 from . import distributed
 from .engine import Checkpoint, shard_size
 from .methods import MethodSpec, Schedule, build_method, fit, parse_method, predictive_samples
 from .noisy_sets import NOISE_FILE, noise_floor, read_noise_std
-from .reporting import check_writable, draw_reliability, save_tables, write_atomic
+from .reporting import check_writable, save_tables, write_atomic
+from .uci_data import (
+    BUNDLED_DATASETS,
+    UCIData,
+    check_source,
+    data_key,
+    dataset_name,
+    is_bundled,
+    load_dataset_split,
+    parse_splits,
+)
+from .uci_report import evaluate, plot_reliability, summarize, summary_table, with_floor
 
 __all__ = [
     "BUNDLED_DATASETS",
+    "TrainedSplit",
     "UCIConfig",
     "UCIData",
+    "check_source",
     "data_key",
+    "dataset_name",
     "load_dataset_split",
     "parse_splits",
+    "run_split",
     "run_uci",
     "summarize",
+    "train_split",
 ]
 
-BUNDLED_DATASETS = ("diabetes", "breast_cancer", "digits")
-MAX_SPLITS = 1000  # more in one --splits is a typo (0-100000000), not a plan
-REGRESSION_METRICS = ("rmse", "mnll")
 # Bumped when a method's construction changes, so that its stored splits are trained again.
 _VERSIONS = {name: 2 for name in ("whvi", "nf-whvi", "whvi+iblm", "nf-whvi+iblm")}
-CLASSIFICATION_METRICS = ("error", "nll", "ece", "entropy")
-# With a known noise level (a folder written by pyro_whvi.experiments.noisy_sets): test MNLL minus the best
-# possible, test RMSE over the noise's sigma (1 at best) and the estimated noise scale over sigma.
-FLOOR_METRICS = ("mnll_gap", "rmse_ratio", "noise_ratio")
-FLOOR_LABELS = {"mnll_gap": "MNLL - floor", "rmse_ratio": "RMSE / σ", "noise_ratio": "noise / σ"}
 # Bumped when the training loop changes every method's numbers. 2: pyro_whvi.experiments.engine (the noise scale's
 # Adam state no longer starts from the gradient summed over the fixed-noise phase).
 ENGINE_VERSION = 2
 _NOT_FINGERPRINTED = ("methods", "splits", "checkpoint_every", "progress")
-
-
-@dataclass
-class UCIData:
-    """One split; ``y_scale`` turns standardized regression targets back into original units."""
-
-    x_train: torch.Tensor
-    y_train: torch.Tensor
-    x_test: torch.Tensor
-    y_test: torch.Tensor
-    task: str  # "regression" or "classification"
-    y_scale: float = 1.0
-    num_classes: int = 1
 
 
 @dataclass(frozen=True)
@@ -149,96 +131,22 @@ class UCIConfig:
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def parse_splits(text: str) -> tuple[int, ...]:
-    """``"0-4"`` -> (0, 1, 2, 3, 4); ``"0,2,5"`` -> (0, 2, 5); a ``ValueError`` for anything else,
-    a range that runs backwards included, or more than :data:`MAX_SPLITS` splits."""
-    splits: list[int] = []
-    for part in text.split(","):
-        first, _, last = part.strip().partition("-")
-        try:
-            start, stop = int(first), int(last or first) + 1
-        except ValueError:
-            start = stop = -1
-        if not 0 <= start < stop:
-            raise ValueError(f"splits must look like '0-4' or '0,2,5' (non-negative, ranges upwards), got {text!r}")
-        if len(splits) + stop - start > MAX_SPLITS:
-            raise ValueError(f"at most {MAX_SPLITS} splits expected, got {text!r}")
-        splits.extend(range(start, stop))
-    return tuple(dict.fromkeys(splits))
+@dataclass
+class TrainedSplit:
+    """What :func:`train_split` leaves: the split's data, the trained model and guide, the losses and the time."""
+
+    data: UCIData
+    model: Any
+    guide: Any
+    losses: list[float]
+    seconds: float
 
 
-def _bundled(source: str | Path) -> bool:
-    return isinstance(source, str) and source in BUNDLED_DATASETS
-
-
-def dataset_name(source: str | Path) -> str:
-    """The name results are filed under: the bundled set's, or the folder's (``.`` named after itself)."""
-    return str(source) if _bundled(source) else Path(source).resolve().name
-
-
-def data_key(source: str | Path, split: int) -> str:
-    """What identifies split ``split``'s data: the bundled set's name, or the folder's resolved path and
-    a hash of the files the split is read from, so that an edited or another folder is not mistaken for it."""
-    if _bundled(source):
-        return str(source)
-    digest = hashlib.sha256()
-    for file in uci_split_files(source, split):
-        digest.update(file.name.encode() + b"\0" + file.read_bytes())
-    return f"{Path(source).resolve()}:{digest.hexdigest()}"
-
-
-def check_source(source: str | Path, splits: tuple[int, ...]) -> None:
-    """A ``ValueError``/``FileNotFoundError`` naming the problem when ``source`` cannot provide ``splits``:
-    every requested split of a folder is loaded and validated (:func:`~pyro_whvi.data.load_uci_split`)."""
-    if _bundled(source):
-        return
-    available = num_uci_splits(source)  # raises for a missing directory or files
-    missing = [k for k in splits if k >= available]
-    if missing:
-        listed = ", ".join(map(str, missing[:5])) + (", ..." if len(missing) > 5 else "")
-        has = f"splits 0-{available - 1}" if available else "no index_train_<k>.txt"
-        raise ValueError(f"{source} has {has}; asked for {listed}")
-    for split in splits:
-        load_uci_split(source, split)
-    read_noise_std(source)  # a damaged noise_std.txt is reported now, not after training
-
-
-def load_dataset_split(source: str | Path, split: int) -> UCIData:
-    """Split ``split`` of a UCI-format directory or a bundled scikit-learn set (see the module doc)."""
-    if source == "digits":
-        digits = load_digits_split(seed=split)
-        return UCIData(digits.x_train, digits.y_train, digits.x_test, digits.y_test, "classification", num_classes=10)
-    if source == "breast_cancer":
-        cancer = load_breast_cancer_split(seed=split)
-        return UCIData(cancer.x_train, cancer.y_train, cancer.x_test, cancer.y_test, "classification", num_classes=2)
-    data = load_diabetes_split(split) if source == "diabetes" else load_uci_split(source, split)
-    return UCIData(data.x_train, data.y_train, data.x_test, data.y_test, "regression", y_scale=data.y_std)
-
-
-def _evaluate(data: UCIData, f: torch.Tensor, noise_scale) -> dict[str, float]:
-    if data.task == "regression":
-        scale = data.y_scale
-        return {
-            "rmse": rmse(f, data.y_test) * scale,
-            "mnll": gaussian_mnll(f, noise_scale, data.y_test) + math.log(scale),
-            "noise_scale": float(noise_scale) * scale,
-        }
-    return {
-        "error": float(error_rate(f, data.y_test)),
-        "nll": float(categorical_nll(f, data.y_test)),
-        "ece": float(expected_calibration_error(f, data.y_test)),
-        "entropy": float(predictive_entropy(f).mean()),
-    }
-
-
-def run_split(
+def train_split(
     source: str | Path, spec: MethodSpec, split: int, config: UCIConfig, checkpoint: Checkpoint | None = None
-) -> tuple[dict[str, Any], dict]:
-    """Train ``spec`` on split ``split``; return its row of metrics and, for classification, the
-    reliability diagram's bins (``{"reliability": [confidence, accuracy, count]}``; no caching).
-
-    In a process group every rank trains its shard and only rank 0 evaluates (the others return ``({}, {})``).
-    """
+) -> TrainedSplit:
+    """Build ``spec``'s network for split ``split`` (seeded with ``config.seed + split``) and train it on
+    the split's training data (in every rank of a process group: each its shard)."""
     data = load_dataset_split(source, split)
     pyro.set_rng_seed(config.seed + split)
     pyro.clear_param_store()
@@ -266,67 +174,34 @@ def run_split(
         progress=label if config.progress else False,
         checkpoint=checkpoint,
     )
-    seconds = time.perf_counter() - start
+    return TrainedSplit(data, model, guide, losses, time.perf_counter() - start)
+
+
+def run_split(
+    source: str | Path, spec: MethodSpec, split: int, config: UCIConfig, checkpoint: Checkpoint | None = None
+) -> tuple[dict[str, Any], dict]:
+    """Train ``spec`` on split ``split`` (:func:`train_split`); return its row of metrics and, for
+    classification, the reliability diagram's bins (``{"reliability": [confidence, accuracy, count]}``).
+
+    In a process group every rank trains its shard and only rank 0 evaluates (the others return ``({}, {})``).
+    """
+    trained = train_split(source, spec, split, config, checkpoint)
     if distributed.rank() != 0:
         return {}, {}
+    data, model, guide, losses = trained.data, trained.model, trained.guide, trained.losses
+    regression = data.task == "regression"
     f = predictive_samples(model, guide, data.x_test, config.samples)
-    noise = model.noise_scale.detach() if regression else None  # type: ignore[union-attr]
+    noise = model.noise_scale.detach() if regression else None
     extra = {} if regression else {"reliability": [t.tolist() for t in reliability_diagram(f, data.y_test)]}
     row = {
         "method": spec.name,
         "split": split,
-        **_evaluate(data, f, noise),
+        **evaluate(data, f, noise),
         "final_loss": sum(losses[-100:]) / len(losses[-100:]),
         "variational_parameters": sum(p.numel() for p in guide.parameters()),
-        "train_seconds": seconds,
+        "train_seconds": trained.seconds,
     }
     return row, extra
-
-
-def summarize(rows: list[dict[str, Any]], methods: tuple[str, ...]) -> list[dict[str, Any]]:
-    """Mean and standard error (sample std / sqrt(splits)) of every metric per method, in ``methods`` order."""
-    summary = []
-    for method in methods:
-        mine = [r for r in rows if r["method"] == method]
-        if not mine:
-            continue
-        entry: dict[str, Any] = {"method": method, "splits": len(mine), "parameters": mine[0]["variational_parameters"]}
-        for metric in (*REGRESSION_METRICS, *FLOOR_METRICS, *CLASSIFICATION_METRICS, "train_seconds"):
-            if metric in mine[0]:
-                entry[metric], entry[metric + "_se"] = mean_and_standard_error(r[metric] for r in mine)
-        summary.append(entry)
-    return summary
-
-
-def _table(name: str, summary: list[dict[str, Any]], config: UCIConfig) -> str:
-    metrics = [m for m in (*REGRESSION_METRICS, *FLOOR_METRICS, *CLASSIFICATION_METRICS) if m in summary[0]]
-    schedule = config.schedule
-    fixed = min(schedule.fixed_noise_steps, schedule.steps)
-    noise = f" (noise fixed for the first {fixed})" if "rmse" in metrics and fixed else ""
-    lines = [
-        f"### {name}: {config.layers}x{config.hidden} ReLU, {schedule.steps} steps{noise}, batch "
-        f"{schedule.batch_size}, lr {schedule.lr:g}, {config.samples} test samples; mean ± standard error over splits",
-        "",
-        "| method | splits | variational params | "
-        + " | ".join(FLOOR_LABELS.get(m, f"test {m.upper()}") for m in metrics)
-        + " | s/split |",
-        "|---|---|---|" + "---|" * len(metrics) + "---|",
-    ]
-    for e in summary:
-        cells = " | ".join(f"{e[m]:.3f} ± {e[m + '_se']:.3f}" for m in metrics)
-        lines.append(f"| {e['method']} | {e['splits']} | {e['parameters']:,} | {cells} | {e['train_seconds']:.0f} |")
-    return "\n".join(lines)
-
-
-def _with_floor(row: dict[str, Any], sigma: float) -> dict[str, Any]:
-    """``row`` with its distance to the floor that a known noise level ``sigma`` sets."""
-    floor = noise_floor(sigma)
-    return {
-        **row,
-        "mnll_gap": row["mnll"] - floor["mnll_floor"],
-        "rmse_ratio": row["rmse"] / sigma,
-        "noise_ratio": row["noise_scale"] / sigma,
-    }
 
 
 def _read_saved(path: Path) -> dict[str, Any]:
@@ -411,11 +286,11 @@ def _run_jobs(source: str | Path, config: UCIConfig, out: Path) -> tuple[list[di
             reliability.setdefault(method, []).append(saved["reliability"])
     if not leader:
         return [], ""
-    sigma = None if _bundled(source) else read_noise_std(source)
+    sigma = None if is_bundled(source) else read_noise_std(source)
     if sigma is not None:
-        rows = [_with_floor(row, sigma) for row in rows]
+        rows = [with_floor(row, sigma) for row in rows]
     summary = summarize(rows, config.methods)
-    text = _table(name, summary, config)
+    text = summary_table(name, summary, config)
     if sigma is not None:
         floor = noise_floor(sigma)
         text += (
@@ -425,29 +300,5 @@ def _run_jobs(source: str | Path, config: UCIConfig, out: Path) -> tuple[list[di
     meta = {"dataset": str(source), "config": json.loads(json.dumps(asdict(config), default=str)), "splits": rows}
     save_tables(out, f"uci_{name}", meta, summary, text)
     if reliability:
-        _plot_reliability(out / f"uci_{name}_reliability.png", reliability)
+        plot_reliability(out / f"uci_{name}_reliability.png", reliability)
     return summary, text
-
-
-def _plot_reliability(path: Path, reliability: dict[str, list]) -> None:
-    """Reliability diagrams pooled over splits (bin counts added, confidences and accuracies count-weighted)."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:  # plots need the [bench] extra; the tables are written regardless
-        return
-    fig, axes = plt.subplots(1, len(reliability), figsize=(3.4 * len(reliability), 3.4), squeeze=False)
-    for ax, (method, splits) in zip(axes[0], reliability.items()):
-        bins = torch.tensor(splits, dtype=torch.float64).nan_to_num(0.0)  # (splits, 3, bins)
-        count = bins[:, 2].sum(0)
-        pooled = count.clamp_min(1)  # empty bins are not drawn
-        confidence = (bins[:, 0] * bins[:, 2]).sum(0) / pooled
-        accuracy = (bins[:, 1] * bins[:, 2]).sum(0) / pooled
-        draw_reliability(ax, confidence, accuracy, count, f"{method} ({len(splits)} splits)")
-    fig.tight_layout()
-    image = io.BytesIO()
-    fig.savefig(image, format="png", dpi=110)
-    plt.close(fig)
-    write_atomic(path, image.getvalue())

@@ -1,0 +1,132 @@
+"""The report of ``whvi uci``: mean and standard error over splits, the markdown table, the distance to a
+known noise floor, and the pooled reliability diagrams of classification runs."""
+
+from __future__ import annotations
+
+import io
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ..metrics import (
+    categorical_nll,
+    error_rate,
+    expected_calibration_error,
+    gaussian_mnll,
+    mean_and_standard_error,
+    predictive_entropy,
+    rmse,
+)
+from .noisy_sets import noise_floor
+from .reporting import draw_reliability, write_atomic
+
+if TYPE_CHECKING:
+    from .uci import UCIConfig
+    from .uci_data import UCIData
+
+__all__ = [
+    "CLASSIFICATION_METRICS",
+    "FLOOR_METRICS",
+    "REGRESSION_METRICS",
+    "evaluate",
+    "plot_reliability",
+    "summarize",
+    "summary_table",
+    "with_floor",
+]
+
+REGRESSION_METRICS = ("rmse", "mnll")
+CLASSIFICATION_METRICS = ("error", "nll", "ece", "entropy")
+# With a known noise level (a folder written by pyro_whvi.experiments.noisy_sets): test MNLL minus the best
+# possible, test RMSE over the noise's sigma (1 at best) and the estimated noise scale over sigma.
+FLOOR_METRICS = ("mnll_gap", "rmse_ratio", "noise_ratio")
+FLOOR_LABELS = {"mnll_gap": "MNLL - floor", "rmse_ratio": "RMSE / σ", "noise_ratio": "noise / σ"}
+
+
+def evaluate(data: UCIData, f: torch.Tensor, noise_scale) -> dict[str, float]:
+    """A split's test metrics from predictive samples ``f`` (regression in the original units)."""
+    if data.task == "regression":
+        scale = data.y_scale
+        return {
+            "rmse": rmse(f, data.y_test) * scale,
+            "mnll": gaussian_mnll(f, noise_scale, data.y_test) + math.log(scale),
+            "noise_scale": float(noise_scale) * scale,
+        }
+    return {
+        "error": float(error_rate(f, data.y_test)),
+        "nll": float(categorical_nll(f, data.y_test)),
+        "ece": float(expected_calibration_error(f, data.y_test)),
+        "entropy": float(predictive_entropy(f).mean()),
+    }
+
+
+def summarize(rows: list[dict[str, Any]], methods: tuple[str, ...]) -> list[dict[str, Any]]:
+    """Mean and standard error (sample std / sqrt(splits)) of every metric per method, in ``methods`` order."""
+    summary = []
+    for method in methods:
+        mine = [r for r in rows if r["method"] == method]
+        if not mine:
+            continue
+        entry: dict[str, Any] = {"method": method, "splits": len(mine), "parameters": mine[0]["variational_parameters"]}
+        for metric in (*REGRESSION_METRICS, *FLOOR_METRICS, *CLASSIFICATION_METRICS, "train_seconds"):
+            if metric in mine[0]:
+                entry[metric], entry[metric + "_se"] = mean_and_standard_error(r[metric] for r in mine)
+        summary.append(entry)
+    return summary
+
+
+def summary_table(name: str, summary: list[dict[str, Any]], config: UCIConfig) -> str:
+    metrics = [m for m in (*REGRESSION_METRICS, *FLOOR_METRICS, *CLASSIFICATION_METRICS) if m in summary[0]]
+    schedule = config.schedule
+    fixed = min(schedule.fixed_noise_steps, schedule.steps)
+    noise = f" (noise fixed for the first {fixed})" if "rmse" in metrics and fixed else ""
+    lines = [
+        f"### {name}: {config.layers}x{config.hidden} ReLU, {schedule.steps} steps{noise}, batch "
+        f"{schedule.batch_size}, lr {schedule.lr:g}, {config.samples} test samples; mean ± standard error over splits",
+        "",
+        "| method | splits | variational params | "
+        + " | ".join(FLOOR_LABELS.get(m, f"test {m.upper()}") for m in metrics)
+        + " | s/split |",
+        "|---|---|---|" + "---|" * len(metrics) + "---|",
+    ]
+    for e in summary:
+        cells = " | ".join(f"{e[m]:.3f} ± {e[m + '_se']:.3f}" for m in metrics)
+        lines.append(f"| {e['method']} | {e['splits']} | {e['parameters']:,} | {cells} | {e['train_seconds']:.0f} |")
+    return "\n".join(lines)
+
+
+def with_floor(row: dict[str, Any], sigma: float) -> dict[str, Any]:
+    """``row`` with its distance to the floor that a known noise level ``sigma`` sets."""
+    floor = noise_floor(sigma)
+    return {
+        **row,
+        "mnll_gap": row["mnll"] - floor["mnll_floor"],
+        "rmse_ratio": row["rmse"] / sigma,
+        "noise_ratio": row["noise_scale"] / sigma,
+    }
+
+
+def plot_reliability(path: Path, reliability: dict[str, list]) -> None:
+    """Reliability diagrams pooled over splits (bin counts added, confidences and accuracies count-weighted)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:  # plots need the [bench] extra; the tables are written regardless
+        return
+    fig, axes = plt.subplots(1, len(reliability), figsize=(3.4 * len(reliability), 3.4), squeeze=False)
+    for ax, (method, splits) in zip(axes[0], reliability.items()):
+        bins = torch.tensor(splits, dtype=torch.float64).nan_to_num(0.0)  # (splits, 3, bins)
+        count = bins[:, 2].sum(0)
+        pooled = count.clamp_min(1)  # empty bins are not drawn
+        confidence = (bins[:, 0] * bins[:, 2]).sum(0) / pooled
+        accuracy = (bins[:, 1] * bins[:, 2]).sum(0) / pooled
+        draw_reliability(ax, confidence, accuracy, count, f"{method} ({len(splits)} splits)")
+    fig.tight_layout()
+    image = io.BytesIO()
+    fig.savefig(image, format="png", dpi=110)
+    plt.close(fig)
+    write_atomic(path, image.getvalue())
