@@ -6,7 +6,9 @@ Gaussian over ``w``, ``D`` for WHVI), ``R`` columns of the covariance root, ``..
 Every posterior is linear-Gaussian in its latent ``z ~ N(mu, C C^T)``: ``f = Psi(x) z`` for a design
 ``Psi`` computed from the features. :meth:`WeightPosterior.design` is the one hook a posterior
 implements; the predictive mean ``Psi mu``, the covariance root ``Psi C`` (``N x R``, never ``N x N``),
-the closed-form KL and the conjugate optimum are shared.
+the closed-form KL and the conjugate optimum are shared, and are those of the one ``q(g)`` family,
+:class:`~pyro_whvi.distributions.qg_family.GaussianQG` (this module only stores its values, with
+softplus-parameterized scales).
 
 * :class:`GaussianWeightPosterior`: ``z = w``, ``Psi = Phi``, prior ``N(0, I)``.
 * :class:`WHVIWeightPosterior`: ``w`` reshaped into a ``D x D`` matrix ``W = S1 H diag(g) H S2`` with
@@ -30,6 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..distributions.layout import WHVILayout
+from ..distributions.qg_family import GP_CONVENTION, GaussianQG, check_covariance
 from ..nn.base import softplus_inverse
 from ..ops import fwht, whvi_design
 
@@ -52,18 +55,18 @@ class WeightPosterior(gpytorch.Module, ABC):
 
     def __init__(self, latent_dim: int, covariance: str, prior_variance: float, init_scale: float | None = None):
         super().__init__()
-        if covariance not in COVARIANCES:
-            raise ValueError(f"covariance must be one of {COVARIANCES}, got {covariance!r}.")
+        check_covariance(covariance, COVARIANCES, "WeightPosterior")
         if not prior_variance > 0:
             raise ValueError(f"prior_variance must be positive, got {prior_variance!r}.")
         self.latent_dim = latent_dim
         self.covariance = covariance
         self.prior_variance = float(prior_variance)
-        scale = torch.full((latent_dim,), init_scale if init_scale is not None else 0.1 * math.sqrt(prior_variance))
-        self.loc = torch.nn.Parameter(torch.zeros(latent_dim))
-        self.raw_scale = torch.nn.Parameter(softplus_inverse(scale))
-        if covariance == "full":
-            self.scale_tril_offdiag = torch.nn.Parameter(torch.zeros(latent_dim, latent_dim))
+        sigma = init_scale if init_scale is not None else 0.1 * math.sqrt(prior_variance)
+        initial = GaussianQG.isotropic(covariance, torch.zeros(latent_dim), sigma)
+        self.loc = torch.nn.Parameter(initial.loc)
+        self.raw_scale = torch.nn.Parameter(softplus_inverse(_root_diagonal(initial)))
+        if initial.scale_tril is not None:
+            self.scale_tril_offdiag = torch.nn.Parameter(torch.tril(initial.scale_tril, -1))
 
     @abstractmethod
     def design(self, features: Tensor) -> Tensor:
@@ -100,13 +103,23 @@ class WeightPosterior(gpytorch.Module, ABC):
             return mean, design * self.scale
         return mean, design @ self.scale_tril
 
+    def qg(self) -> GaussianQG:
+        """``q(z)`` as the family's :class:`GaussianQG` (differentiable in this module's parameters)."""
+        if self.covariance == "diagonal":
+            return GaussianQG("diagonal", self.loc, scale=self.scale)
+        return GaussianQG("full", self.loc, scale=self.scale, scale_tril=self.scale_tril)
+
     def kl_divergence(self) -> Tensor:
-        r""":math:`\mathrm{KL}(q(z) \,\|\, \mathcal N(0, \lambda I))` in closed form."""
-        scale_tril = self.scale_tril
-        trace = scale_tril.pow(2).sum() / self.prior_variance
-        mahalanobis = self.loc.pow(2).sum() / self.prior_variance
-        log_det_ratio = self.latent_dim * math.log(self.prior_variance) - 2 * self.scale.log().sum()
-        return 0.5 * (trace + mahalanobis - self.latent_dim + log_det_ratio)
+        r""":math:`\mathrm{KL}(q(z) \,\|\, \mathcal N(0, \lambda I))` in closed form (:meth:`GaussianQG.kl_divergence`).
+
+        Both kinds are handed to it as a dense triangular root (``diag(sigma)`` for the diagonal one)
+        with the diagonal ``sigma`` alongside for the log-determinant: the same arithmetic, and the
+        same autograd graph, as this module had, so seeded fits reproduce bitwise. Summing ``sigma^2``
+        directly (O(L) instead of O(L^2)) changes the KL's last bit.
+        """
+        return GaussianQG("full", self.loc, scale=self.scale, scale_tril=self.scale_tril).kl_divergence(
+            self.prior_variance
+        )
 
     @torch.no_grad()
     def set_conjugate_(self, design: Tensor, y: Tensor, noise_variance: Tensor | float) -> None:
@@ -118,15 +131,16 @@ class WeightPosterior(gpytorch.Module, ABC):
         precision = design.mT @ design / noise_variance
         eye = torch.eye(self.latent_dim, dtype=design.dtype, device=design.device)
         precision = precision + eye / self.prior_variance
-        cholesky = torch.linalg.cholesky(precision)
-        self.loc.copy_(torch.cholesky_solve((design.mT @ y / noise_variance)[:, None], cholesky)[:, 0])
-        if self.covariance == "diagonal":
-            self.raw_scale.copy_(softplus_inverse(precision.diagonal().rsqrt()))
-            return
-        covariance = torch.cholesky_inverse(cholesky)
-        scale_tril = torch.linalg.cholesky(covariance)
-        self.raw_scale.copy_(softplus_inverse(scale_tril.diagonal()))
-        self.scale_tril_offdiag.copy_(scale_tril)
+        qg = GaussianQG.from_precision(self.covariance, precision, design.mT @ y / noise_variance)
+        self.loc.copy_(qg.loc)
+        self.raw_scale.copy_(softplus_inverse(_root_diagonal(qg)))
+        if qg.scale_tril is not None:
+            self.scale_tril_offdiag.copy_(qg.scale_tril)
+
+
+def _root_diagonal(qg: GaussianQG) -> Tensor:
+    """The diagonal of ``q``'s root: what ``raw_scale`` stores (through softplus) for either kind."""
+    return qg.scale_tril.diagonal(dim1=-2, dim2=-1) if qg.scale_tril is not None else qg.scale  # type: ignore[return-value]
 
 
 class GaussianWeightPosterior(WeightPosterior):
@@ -148,7 +162,9 @@ class WHVIWeightPosterior(WeightPosterior):
 
     ``S1``, ``S2`` are point estimates (initialized to 1); the prior is on ``g``,
     :math:`\mathcal N(0, \lambda I)`. The default :math:`\lambda = D` gives each entry of ``W`` unit prior
-    variance when ``S1 = S2 = I``, the scale of the GP prior ``w ~ N(0, I)``.
+    variance when ``S1 = S2 = I``, the scale of the GP prior ``w ~ N(0, I)``: the
+    :data:`~pyro_whvi.distributions.qg_family.GP_CONVENTION` (networks use ``NETWORK_CONVENTION``,
+    weight variance ``1/D``; see :mod:`~pyro_whvi.distributions.qg_family`).
 
     :param num_features: ``F``.
     :param covariance: ``"diagonal"`` (``4D`` parameters) or ``"full"`` (``3D + D(D+1)/2``).
@@ -158,10 +174,12 @@ class WHVIWeightPosterior(WeightPosterior):
     def __init__(self, num_features: int, covariance: str = "diagonal", prior_variance: float | None = None):
         layout = WHVILayout.for_shape((num_features,), site="RandomFeatureGP weights")
         block = layout.block_size
-        super().__init__(block, covariance, prior_variance=float(block) if prior_variance is None else prior_variance)
+        prior_variance = GP_CONVENTION.resolve_prior_variance(block, prior_variance)
+        super().__init__(block, covariance, prior_variance=prior_variance)
         self.num_features = num_features
-        self.s1 = torch.nn.Parameter(torch.ones(block))
-        self.s2 = torch.nn.Parameter(torch.ones(block))
+        s1, s2 = GP_CONVENTION.init_scales((block,), prior_variance, torch.zeros(()))
+        self.s1 = torch.nn.Parameter(s1)
+        self.s2 = torch.nn.Parameter(s2)
 
     def design(self, features: Tensor) -> Tensor:
         block = self.latent_dim

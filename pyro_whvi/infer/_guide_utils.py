@@ -1,4 +1,5 @@
-"""Small helpers of :class:`~pyro_whvi.AutoWHVIGuide`: nested attribute access, prior scales, quantiles."""
+"""Small helpers of :class:`~pyro_whvi.AutoWHVIGuide`: nested attribute access, in-place parameter writes, prior
+scales, quantiles."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from torch.distributions import transform_to
 from ..distributions.whvi_matrix import base_distribution, has_real_support
 
 __all__ = [
+    "assign_param_",
     "deep_getattr",
     "deep_set_param",
     "empirical_quantiles",
@@ -72,6 +74,30 @@ def _refuse_stale(fullname: str, shape: torch.Size) -> None:
             f"the same class; this guide's has shape {tuple(shape)}. Call pyro.clear_param_store() before "
             "building a guide for another model."
         )
+
+
+def assign_param_(container, name: str, value: torch.Tensor, what: str) -> None:
+    """Overwrite the constrained value of the ``PyroParam`` ``container.<name>`` in place.
+
+    In place, so that an optimizer already holding the parameter keeps working; the param store's
+    copy, when it is another tensor, is updated too. Errors start with ``what``.
+    """
+    parent_name, _, attr = name.rpartition(".")
+    parent = deep_getattr(container, parent_name) if parent_name else container
+    if attr not in getattr(parent, "_pyro_params", {}):
+        raise KeyError(f"{what}: the guide has no parameter {name!r}.")
+    constraint, _ = parent._pyro_params[attr]
+    unconstrained = getattr(parent, attr + "_unconstrained")
+    if unconstrained.shape != value.shape:
+        raise ValueError(
+            f"{what}: parameter {name!r} has shape {tuple(unconstrained.shape)}, got {tuple(value.shape)}."
+        )
+    new = transform_to(constraint).inv(value.to(unconstrained))
+    with torch.no_grad():
+        unconstrained.copy_(new)
+        stored = pyro.get_param_store()._params.get(parent._pyro_get_fullname(attr))
+        if stored is not None and stored is not unconstrained:
+            stored.copy_(new)
 
 
 def like_tensor(fn) -> torch.Tensor:

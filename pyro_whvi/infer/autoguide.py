@@ -25,7 +25,6 @@ import math
 from collections.abc import Callable, Iterable
 
 import pyro
-import pyro.distributions as dist
 import torch
 from pyro.distributions import constraints
 from pyro.distributions.transforms import Planar
@@ -33,9 +32,11 @@ from pyro.infer.autoguide import init_to_sample
 from pyro.nn import PyroModule, PyroParam
 from torch import nn
 
-from ..distributions import PlanarFlowNormal, WHVILayout, WHVIMatrix, WHVINormal
+from ..distributions import WHVILayout, WHVIMatrix, WHVINormal
+from ..distributions.qg_family import COVARIANCES, NETWORK_CONVENTION, QG_CONSTRAINTS, QG_FIELDS, GaussianQG
 from ._base import StructuredAutoGuide
 from ._guide_utils import (
+    assign_param_,
     deep_getattr,
     deep_set_param,
     empirical_quantiles,
@@ -46,11 +47,13 @@ from ._guide_utils import (
 )
 from .lazy_weight import local_reparameterization_enabled
 from .model_transform import GUIDE_KEY, SiteFilter
-from .reparam import POSTERIOR_KEY, WHVIReparam, check_whvi_site, g_site_name, init_whvi_scales
+from .reparam import POSTERIOR_KEY, WHVIReparam, check_whvi_site, g_site_name
 
 __all__ = ["AutoWHVIGuide"]
 
-COVARIANCES = ("diagonal", "full", "lowrank")
+#: The ``PyroModule`` holding each field of ``q(g)`` (:class:`GaussianQG`); ``<group>.<g site>`` is the
+#: parameter's name in ``guide.state_dict()`` and the param store.
+QG_GROUPS = {"loc": "locs", "scale": "scales", "scale_tril": "scale_trils", "cov_factor": "cov_factors"}
 
 #: Named settings: ``"paper"`` is the set-up of the WHVI paper's UCI and classification experiments
 #: (§3.2): every weight and bias on WHVI blocks, the last layer (weight and bias) mean-field.
@@ -70,7 +73,7 @@ class _GuideOwnedReparam(WHVIReparam):
     def scales(self, name, layout, like):
         guide = self._guide[0]
         if not has_deep_attr(guide.whvi_s1, name):
-            s1, s2 = init_whvi_scales(layout, self.prior_variance, like)
+            s1, s2 = NETWORK_CONVENTION.init_scales(layout.block_shape, self.prior_variance, like)
             deep_set_param(guide.whvi_s1, name, PyroParam(s1, constraints.real, event_dim=2))
             deep_set_param(guide.whvi_s2, name, PyroParam(s2, constraints.real, event_dim=2))
         # Inside the guide's context the access goes through pyro.param, so the model trace records
@@ -211,10 +214,9 @@ class AutoWHVIGuide(StructuredAutoGuide):
     # -- prototype and parameters ----------------------------------------------------------------
 
     def _init_structured_parameters(self) -> None:
-        if self.covariance == "full":
-            self.scale_trils = PyroModule()
-        if self.covariance == "lowrank":
-            self.cov_factors = PyroModule()
+        for field in QG_FIELDS[self.covariance]:
+            if QG_GROUPS[field] != "scales":  # ``locs`` and ``scales`` are the base's, shared with mean-field sites
+                setattr(self, QG_GROUPS[field], PyroModule())
         if self.num_flows:
             self.flows = PyroModule()
         for name, site in self.prototype_trace.iter_stochastic_nodes():
@@ -225,20 +227,15 @@ class AutoWHVIGuide(StructuredAutoGuide):
 
     def _init_g(self, name: str, like: torch.Tensor) -> None:
         layout = self._layouts[self._weight_of_g[name]]
-        num_blocks, block_size = layout.block_shape
         root_lambda = self.prior_variance**0.5
-        sigma = self._init_scale * root_lambda
         loc = root_lambda * torch.randn(tuple(layout.block_shape), dtype=like.dtype, device=like.device)
-        deep_set_param(self.locs, name, PyroParam(loc, constraints.real, event_dim=2))
-        if self.covariance == "full":
-            tril = sigma * torch.eye(block_size, dtype=like.dtype, device=like.device).expand(num_blocks, -1, -1)
-            deep_set_param(self.scale_trils, name, PyroParam(tril.clone(), constraints.lower_cholesky, event_dim=3))
-            return
-        deep_set_param(self.scales, name, PyroParam(torch.full_like(loc, sigma), self.scale_constraint, event_dim=2))
-        if self.covariance == "lowrank":
-            rank = self.rank or math.ceil(block_size**0.5)
-            factor = 0.1 * sigma * torch.randn(num_blocks, block_size, rank, dtype=like.dtype, device=like.device)
-            deep_set_param(self.cov_factors, name, PyroParam(factor, constraints.real, event_dim=3))
+        rank = (self.rank or math.ceil(layout.block_size**0.5)) if self.covariance == "lowrank" else None
+        initial = GaussianQG.isotropic(
+            self.covariance, loc, self._init_scale * root_lambda, rank=rank, factor_scale=0.1
+        )
+        for field, value in initial.fields().items():
+            param = PyroParam(value, QG_CONSTRAINTS[field], event_dim=value.dim())
+            deep_set_param(getattr(self, QG_GROUPS[field]), name, param)
         if self.num_flows:
             chain = [PyroModule[Planar](layout.num_latent) for _ in range(self.num_flows)]  # type: ignore[arg-type]
             planars = PyroModule[nn.ModuleList](chain)  # type: ignore[arg-type]
@@ -246,19 +243,27 @@ class AutoWHVIGuide(StructuredAutoGuide):
 
     # -- distributions ---------------------------------------------------------------------------
 
+    def qg(self, weight_site: str) -> GaussianQG:
+        """The Gaussian part of ``q(g)`` of a WHVI weight site (the base of the flows, if any), blocks ``(K, D)``."""
+        name = g_site_name(weight_site)
+        fields = {
+            field: deep_getattr(getattr(self, QG_GROUPS[field]), name) for field in ("loc", *QG_FIELDS[self.covariance])
+        }
+        return GaussianQG(self.covariance, **fields)
+
+    def set_qg_(self, weight_site: str, qg: GaussianQG, what: str = "set_qg_") -> None:
+        """Overwrite ``q(g)`` of a WHVI weight site in place with ``qg`` (of the guide's kind; flows are kept)."""
+        if qg.kind != self.covariance:
+            raise ValueError(f"{what}: the guide's q(g) is {self.covariance!r}, got a {qg.kind!r} one.")
+        name = g_site_name(weight_site)
+        for field, value in qg.fields().items():
+            assign_param_(getattr(self, QG_GROUPS[field]), name, value, what)
+
     def get_posterior(self, weight_site: str):
         """``q(g)`` of a WHVI weight site, event shape ``(K, D)``."""
-        name = g_site_name(weight_site)
-        loc = deep_getattr(self.locs, name)
-        if self.covariance == "full":
-            return dist.MultivariateNormal(loc, scale_tril=deep_getattr(self.scale_trils, name)).to_event(1)
-        scale = deep_getattr(self.scales, name)
-        if self.covariance == "lowrank":
-            factor = deep_getattr(self.cov_factors, name)
-            return dist.LowRankMultivariateNormal(loc, factor, scale**2).to_event(1)
-        if self.num_flows:
-            return PlanarFlowNormal(loc, scale, list(deep_getattr(self.flows, name)))
-        return dist.Normal(loc, scale).to_event(2)
+        qg = self.qg(weight_site)
+        flows = list(deep_getattr(self.flows, g_site_name(weight_site))) if self.num_flows else None
+        return qg.distribution(flows)
 
     def weight_distribution(self, weight_site: str) -> WHVIMatrix:
         """``q(W)`` of a WHVI weight site: :class:`WHVINormal` for Gaussian ``q(g)``, else :class:`WHVIMatrix`."""

@@ -31,6 +31,7 @@ from torch import Tensor
 from torch.distributions import Normal
 
 from ..distributions import WHVILayout, WHVIMatrix
+from ..distributions.qg_family import NETWORK_CONVENTION
 from ..distributions.whvi_matrix import base_distribution, has_real_support
 from ._guide_utils import like_tensor
 from .lazy_weight import WHVIWeight, check_example_dim, local_reparameterization_enabled
@@ -70,11 +71,9 @@ def whvi_prior(layout: WHVILayout, prior_variance: float, like: Tensor):
 
 
 def init_whvi_scales(layout: WHVILayout, prior_variance: float, like: Tensor) -> tuple[Tensor, Tensor]:
-    """The default ``s1 = lambda^{-1/4}``, ``s2 = lambda^{-1/4}`` times random signs (FASTFOOD's ``B``)."""
-    magnitude = float(prior_variance) ** -0.25
-    s1 = like.new_full(layout.block_shape, magnitude)
-    signs = torch.randint(0, 2, tuple(layout.block_shape), device=like.device).to(like.dtype) * 2 - 1
-    return s1, magnitude * signs
+    """The default ``s1 = lambda^{-1/4}``, ``s2 = lambda^{-1/4}`` times random signs (FASTFOOD's ``B``):
+    :data:`~pyro_whvi.distributions.qg_family.NETWORK_CONVENTION`."""
+    return NETWORK_CONVENTION.init_scales(layout.block_shape, prior_variance, like)
 
 
 class _PosteriorCapture(Messenger):

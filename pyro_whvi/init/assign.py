@@ -28,16 +28,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import pyro
 import torch
 from pyro.infer.autoguide import AutoNormal
 from torch import Tensor
-from torch.distributions import transform_to
 
+from ..distributions.qg_family import GaussianQG
 from ..infer import AutoVSDGuide, AutoWHVIGuide
 from ..infer._base import StructuredAutoGuide
-from ..infer._guide_utils import deep_getattr, has_deep_attr
-from ..infer.reparam import g_site_name
+from ..infer._guide_utils import assign_param_, deep_getattr, has_deep_attr
 from .blm import cholesky_with_jitter
 from .whvi_projection import fit_whvi_mean, whvi_precision, whvi_rhs
 
@@ -72,20 +70,7 @@ def set_param(container, name: str, value: Tensor) -> None:
 
     In place, so that an optimizer already holding the parameter keeps working.
     """
-    parent_name, _, attr = name.rpartition(".")
-    parent = deep_getattr(container, parent_name) if parent_name else container
-    if attr not in getattr(parent, "_pyro_params", {}):
-        raise KeyError(f"iblm_: the guide has no parameter {name!r}.")
-    constraint, _ = parent._pyro_params[attr]
-    unconstrained = getattr(parent, attr + "_unconstrained")
-    if unconstrained.shape != value.shape:
-        raise ValueError(f"iblm_: parameter {name!r} has shape {tuple(unconstrained.shape)}, got {tuple(value.shape)}.")
-    new = transform_to(constraint).inv(value.to(unconstrained))
-    with torch.no_grad():
-        unconstrained.copy_(new)
-        stored = pyro.get_param_store()._params.get(parent._pyro_get_fullname(attr))
-        if stored is not None and stored is not unconstrained:
-            stored.copy_(new)
+    assign_param_(container, name, value, "iblm_")
 
 
 def _set_mean_field(guide, site: str, mean: Tensor, precision: Tensor) -> None:
@@ -157,27 +142,10 @@ def _assign_whvi(guide: AutoWHVIGuide, site: str, mean: Tensor, precision: Tenso
     g_precision = whvi_precision(s1, s2, grid_precision, diagonal=False) + eye / lam
     g_rhs = whvi_rhs(s1, s2, _block_view(rhs, layout, rows, cols).view(blocks))
     chol = cholesky_with_jitter(g_precision, f"iblm_: q(g) of {site!r}")
-    g_mean = torch.cholesky_solve(g_rhs.unsqueeze(-1), chol).squeeze(-1)
-    name = g_site_name(site)
+    qg = GaussianQG.from_precision(guide.covariance, g_precision, g_rhs, cholesky=chol, rank=guide.qg(site).rank)
     set_param(guide.whvi_s1, site, s1)
     set_param(guide.whvi_s2, site, s2)
-    set_param(guide.locs, name, g_mean)
-    if guide.covariance == "diagonal":
-        set_param(guide.scales, name, g_precision.diagonal(dim1=-2, dim2=-1).rsqrt())
-        return
-    covariance = torch.cholesky_inverse(chol)
-    if guide.covariance == "full":
-        set_param(guide.scale_trils, name, torch.linalg.cholesky(covariance))
-        return
-    rank = deep_getattr(guide.cov_factors, name).shape[-1]
-    eigenvalues, eigenvectors = torch.linalg.eigh(covariance)  # ascending
-    rest = eigenvalues[..., : block_size - rank]
-    residual = rest.mean(-1, keepdim=True) if rank < block_size else torch.zeros_like(eigenvalues[..., :1])
-    top = (eigenvalues[..., -rank:] - residual).clamp_min(0.0)
-    factor = eigenvectors[..., -rank:] * top.sqrt().unsqueeze(-2)
-    diag = (covariance.diagonal(dim1=-2, dim2=-1) - factor.pow(2).sum(-1)).clamp_min(1e-12)
-    set_param(guide.cov_factors, name, factor)
-    set_param(guide.scales, name, diag.sqrt())
+    guide.set_qg_(site, qg, "iblm_")
 
 
 def set_whvi_isotropic(guide: AutoWHVIGuide, site: str, weight_variance: float) -> None:
@@ -189,15 +157,8 @@ def set_whvi_isotropic(guide: AutoWHVIGuide, site: str, weight_variance: float) 
     s1 = deep_getattr(guide.whvi_s1, site).detach()
     s2 = deep_getattr(guide.whvi_s2, site).detach()
     sigma = (weight_variance * s1.shape[-1] / (s1.pow(2).mean() * s2.pow(2).mean())).sqrt()
-    name = g_site_name(site)
-    set_param(guide.locs, name, torch.zeros_like(s1))
-    if guide.covariance == "full":
-        eye = torch.eye(s1.shape[-1], dtype=s1.dtype, device=s1.device)
-        set_param(guide.scale_trils, name, (sigma * eye).expand(s1.shape[0], -1, -1).clone())
-        return
-    set_param(guide.scales, name, torch.full_like(s1, float(sigma)))
-    if guide.covariance == "lowrank":
-        set_param(guide.cov_factors, name, torch.zeros_like(deep_getattr(guide.cov_factors, name)))
+    qg = GaussianQG.isotropic(guide.covariance, torch.zeros_like(s1), sigma, rank=guide.qg(site).rank)
+    guide.set_qg_(site, qg, "iblm_")
 
 
 def _nonnegative_solve(matrix: Tensor, target: Tensor, iterations: int = 500) -> Tensor:
