@@ -26,6 +26,7 @@ part is the model's). Each guide takes its best approximation:
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -124,9 +125,14 @@ def _assign_whvi(guide: AutoWHVIGuide, site: str, mean: Tensor, precision: Tenso
     # The projection and q(g) are solved in float64 whatever the guide's dtype: the normal equations
     # of the fit are ill-conditioned in float32 (set_param casts the results back).
     mean, precision, rhs = mean.double(), precision.double(), rhs.double()
-    full_rows = precision.dim() == 3 and layout.kind == "matrix" and precision.shape[-1] == precision.shape[-2]
-    if full_rows and block_size > FULL_ROW_PRECISION_MAX_BLOCK:
-        precision, full_rows = precision.diagonal(dim1=-2, dim2=-1), False
+    row_precisions = precision.dim() == 3 and precision.shape[-1] == precision.shape[-2]
+    full_rows = row_precisions and layout.kind == "matrix" and block_size <= FULL_ROW_PRECISION_MAX_BLOCK
+    # A one-row weight laid out as a vector (expose="all") spreads its row over several grid rows, whose
+    # couplings q(g)'s precision cannot hold: its covariance takes the precision's diagonal and its mean the
+    # projection of the layer's mean (a mean solved with the diagonal alone ignores correlated inputs).
+    vector_rows = row_precisions and layout.kind == "vector"
+    if row_precisions and not full_rows:
+        precision = precision.diagonal(dim1=-2, dim2=-1)
     if full_rows:
         grid_precision = _padded_rows(precision, rows, cols)
         grid_precision = _padded_rows(grid_precision.transpose(0, 2), cols, cols).transpose(0, 2)
@@ -137,12 +143,14 @@ def _assign_whvi(guide: AutoWHVIGuide, site: str, mean: Tensor, precision: Tenso
     s1 = deep_getattr(guide.whvi_s1, site).detach().double()
     s2 = deep_getattr(guide.whvi_s2, site).detach().double()
     lam = guide.prior_variance
-    s1, _, s2 = project_onto_whvi(mean, layout, s1, s2, lam)
+    s1, projected_g, s2 = project_onto_whvi(mean, layout, s1, s2, lam)
     eye = torch.eye(block_size, dtype=s1.dtype, device=s1.device)
     g_precision = whvi_precision(s1, s2, grid_precision, diagonal=False) + eye / lam
     g_rhs = whvi_rhs(s1, s2, _block_view(rhs, layout, rows, cols).view(blocks))
     chol = cholesky_with_jitter(g_precision, f"iblm_: q(g) of {site!r}")
     qg = GaussianQG.from_precision(guide.covariance, g_precision, g_rhs, cholesky=chol, rank=guide.qg(site).rank)
+    if vector_rows and projected_g is not None:
+        qg = dataclasses.replace(qg, loc=projected_g)
     set_param(guide.whvi_s1, site, s1)
     set_param(guide.whvi_s2, site, s2)
     guide.set_qg_(site, qg, "iblm_")
