@@ -30,6 +30,16 @@ GUIDES = {
     "mfg": lambda model: AutoNormal(model),
 }
 
+# AutoVSDGuide's options, by name: tests/test_vsd_guide.py and the conformance checks run through each.
+VSD_OPTIONS: dict[str, dict] = {
+    "T0": {"reflections": 0},
+    "T1": {"reflections": 1},
+    "T2": {"reflections": 2},
+    "lowrank": {"reflections": 3, "hidden_rank": 2},
+    "hierarchical": {"reflections": 2, "hierarchical": True},
+    "hierarchical-gamma": {"reflections": 1, "hierarchical": True, "z_prior": ("gamma", 2.0, 2.0)},
+}
+
 
 def require_compiled_kernels() -> None:
     """Skip when the compiled kernels cannot be built, unless PYRO_WHVI_REQUIRE_COMPILED=1

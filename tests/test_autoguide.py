@@ -1,9 +1,10 @@
-"""AutoWHVIGuide with Pyro's own machinery: SVI with both ELBOs, Predictive, median/quantiles,
-state_dict round trips, site selection, conv layers, reshaped vectors, and the errors users hit."""
+"""AutoWHVIGuide with Pyro's own machinery: median/quantiles, site selection, conv layers, reshaped
+vectors, and the errors users hit. The checks every guide passes (each ELBO, Predictive, subsampling,
+state_dict and param-store round trips, dtype, every structured parameter learning) are in
+tests/test_guide_conformance.py."""
 
 from __future__ import annotations
 
-import io
 import math
 
 import pyro
@@ -11,7 +12,7 @@ import pyro.distributions as dist
 import pytest
 import torch
 import torch.nn.functional as F
-from pyro.infer import SVI, Predictive, Trace_ELBO, TraceMeanField_ELBO
+from pyro.infer import SVI, Predictive, Trace_ELBO
 from pyro.nn import PyroModule, PyroSample
 from torch import nn
 
@@ -57,28 +58,17 @@ def test_selection_default_and_parameter_count(guide_kwargs):
     assert sum(p.numel() for p in guide.parameters()) == expected
 
 
-@pytest.mark.parametrize("elbo", [Trace_ELBO, TraceMeanField_ELBO])
-def test_svi_with_pyro_elbos_decreases_the_loss(guide_kwargs, elbo):
-    model = BayesianMLP([5, 16, 16, 1])
-    guide = AutoWHVIGuide(model, **guide_kwargs)
-    x, y = regression_data()
-    losses = _train(guide, x, y, steps=60, loss=elbo(), lr=0.03)
-    assert all(math.isfinite(loss) for loss in losses)
-    assert sum(losses[-10:]) / 10 < sum(losses[:10]) / 10
-
-
-def test_svi_learns_s1_and_s2_and_the_model_trace_records_them():
+def test_the_model_trace_records_s1_and_s2():
+    """s1, s2 are read in the model: its trace records them as params (so SVI optimizes them; that they move
+    under SVI is checked for every configuration by tests/test_guide_conformance.py)."""
     model = BayesianMLP([5, 16, 16, 1])
     guide = AutoWHVIGuide(model)
     x, y = regression_data()
     guide(x, y)
-    before = guide.whvi_s1.layers._modules["1"].weight.detach().clone()
     guide_trace = pyro.poutine.trace(guide).get_trace(x, y)
     model_trace = pyro.poutine.trace(pyro.poutine.replay(guide.model, guide_trace)).get_trace(x, y)
     params = {name for name, site in model_trace.nodes.items() if site["type"] == "param"}
     assert any("whvi_s1" in name for name in params) and any("whvi_s2" in name for name in params)
-    _train(guide, x, y, steps=5)
-    assert not torch.equal(guide.whvi_s1.layers._modules["1"].weight.detach(), before)
 
 
 def test_no_dense_weight_is_formed_during_training(monkeypatch):
@@ -97,14 +87,11 @@ def test_no_dense_weight_is_formed_during_training(monkeypatch):
     assert len(calls) == 2  # switched off: one dense weight per WHVI site
 
 
-def test_predictive_median_quantiles(guide_kwargs):
+def test_median_quantiles(guide_kwargs):
     model = BayesianMLP([5, 16, 16, 1])
     guide = AutoWHVIGuide(model, **guide_kwargs)
     x, y = regression_data()
     _train(guide, x, y, steps=5)
-    samples = Predictive(guide.model, guide=guide, num_samples=7, return_sites=["f", "obs", "layers.1.weight"])(x)
-    assert samples["f"].reshape(7, 32).shape == samples["obs"].shape == (7, 32)
-    assert samples["layers.1.weight"].shape[-2:] == (16, 16)
     median = guide.median()
     quantiles = guide.quantiles([0.1, 0.5, 0.9], num_samples=400)
     for name in ("layers.1.weight", "layers.1.weight_whvi_g", "layers.2.weight", "layers.0.bias"):
@@ -116,44 +103,6 @@ def test_predictive_median_quantiles(guide_kwargs):
     if not guide_kwargs.get("flows"):
         torch.testing.assert_close(median["layers.1.weight"], q_w.mean)
         torch.testing.assert_close(median["layers.1.weight_whvi_g"], q_w.g_dist.mean)
-
-
-def test_state_dict_round_trip(guide_kwargs):
-    model = BayesianMLP([5, 16, 16, 1])
-    guide = AutoWHVIGuide(model, **guide_kwargs)
-    x, y = regression_data()
-    _train(guide, x, y, steps=20)
-    buffer = io.BytesIO()
-    torch.save(guide.state_dict(), buffer)
-    expected = guide.median(num_samples=50)
-
-    pyro.clear_param_store()
-    fresh = AutoWHVIGuide(model, **guide_kwargs)
-    fresh(x, y)
-    buffer.seek(0)
-    fresh.load_state_dict(torch.load(buffer))
-    torch.manual_seed(0)
-    got = fresh.median(num_samples=50)
-    torch.manual_seed(0)
-    expected = guide.median(num_samples=50)
-    for name, value in expected.items():
-        torch.testing.assert_close(got[name], value)
-    # s1, s2 belong to the guide, so they travel with it.
-    assert any("whvi_s1" in key for key in guide.state_dict())
-
-
-def test_param_store_save_load(tmp_path):
-    model = BayesianMLP([5, 16, 16, 1])
-    guide = AutoWHVIGuide(model)
-    x, y = regression_data()
-    _train(guide, x, y, steps=10)
-    expected = guide.median()
-    pyro.get_param_store().save(tmp_path / "params.pt")
-    pyro.clear_param_store()
-    pyro.get_param_store().load(tmp_path / "params.pt")
-    with torch.no_grad():
-        for name, value in guide.median().items():
-            torch.testing.assert_close(value, expected[name])
 
 
 def test_hide_expose_and_mean_field_last_layer():

@@ -205,6 +205,7 @@ def test_missing_extra_error_names_baselines(inducing, monkeypatch) -> None:
     assert isinstance(error.value.__cause__, ImportError)
 
 
+@pytest.mark.slow  # imports TensorFlow (GPflow)
 @pytest.mark.usefixtures("gpflow_ready")
 def test_gpflow_predict_inputs_and_fixed_noise(data, inducing) -> None:
     x, y, x_test, _ = data
@@ -226,6 +227,7 @@ def test_gpflow_predict_inputs_and_fixed_noise(data, inducing) -> None:
     assert model.model.likelihood.variance.unconstrained_variable.numpy() != noise
 
 
+@pytest.mark.slow  # imports TensorFlow (GPflow)
 @pytest.mark.usefixtures("gpflow_ready")
 @pytest.mark.parametrize("covariance", COVARIANCES)
 def test_gpytorch_and_gpflow_agree(data, inducing, covariance) -> None:
@@ -266,6 +268,7 @@ def test_gpytorch_and_gpflow_agree(data, inducing, covariance) -> None:
     assert float(torch_model.likelihood.noise) == pytest.approx(tf_model.noise_variance, rel=10 * elbo_tolerance)
 
 
+@pytest.mark.slow  # imports TensorFlow (GPflow)
 def test_torch_adam_after_gpflow_import(gpflow_ready):
     """`whvi gp` imports GPflow first (to fail early without the extra), then trains PyTorch models. Torch's Adam
     loads Triton on its first step, and Triton loaded after TensorFlow (both bundle LLVM) aborted the process."""

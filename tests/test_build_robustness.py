@@ -23,6 +23,8 @@ import pytest
 
 from .helpers import ROOT
 
+pytestmark = pytest.mark.slow  # real compiler builds in subprocesses (one shared by the module)
+
 BUILD_TIMEOUT_S = 300  # a real build takes some tens of seconds here; the old code hung forever
 
 # Runs one op and reports which backend ran it and the pyro_whvi warnings raised on the way.

@@ -34,6 +34,8 @@ from pyro_whvi.nn import BayesianMLP
 from .helpers import GUIDES as GUIDES_BY_NAME
 from .helpers import checkout_environment
 
+pytestmark = pytest.mark.slow  # every test starts several processes (ranks, torchrun)
+
 GUIDES = {  # the one-model-object configurations, and two started from I-BLM
     **GUIDES_BY_NAME,
     "whvi+iblm": GUIDES_BY_NAME["whvi"],

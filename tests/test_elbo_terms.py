@@ -7,6 +7,7 @@ from operator import attrgetter
 
 import pyro
 import pyro.distributions as dist
+import pytest
 import torch
 from pyro.infer.autoguide import AutoNormal
 
@@ -16,6 +17,7 @@ from .helpers import write_uci
 from .test_data import _load_script
 
 
+@pytest.mark.slow
 def test_site_kls_match_the_closed_form_for_mean_field_sites():
     """For AutoNormal, each site's ``E_q[log q - log p]`` is ``KL(N(loc, scale) || prior)`` in closed form.
     4000 draws: the Monte Carlo standard error of a site's KL is about std(log q - log p) / 63, a few

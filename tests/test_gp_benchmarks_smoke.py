@@ -15,6 +15,7 @@ def _run(argv: list[str]):
     return run_python(script)
 
 
+@pytest.mark.slow
 def test_gp_rf_vs_inducing_benchmark(tmp_path):
     pytest.importorskip("gpflow")
     argv = [str(ROOT / "benchmarks" / "gp_rf_vs_inducing.py"), "--functions", "otlcircuit"]
@@ -27,7 +28,7 @@ def test_gp_rf_vs_inducing_benchmark(tmp_path):
     assert {(r["function"], r["covariance"], r["whvi_block"], r["method"]) for r in rows} == {
         (f, c, b, m) for f in ("otlcircuit",) for c in ("diagonal", "full") for b in (4, 8) for m in methods
     }
-    assert all(np.isfinite(r["rmse"]) and np.isfinite(r["mnll"]) and r["seconds"] > 0 for r in rows)
+    assert all(np.isfinite(r["rmse"]) and np.isfinite(r["mnll"]) for r in rows)
     for row in rows:  # matched budgets: RF at or below RF-WHVI's count, SVGP at or above (rounded up)
         if row["method"] == "rf":
             assert row["parameters"] <= row["budget"]
@@ -44,6 +45,7 @@ def test_gp_rf_vs_inducing_rejects_unknown_names(tmp_path):
     assert result.returncode == 2 and "--functions: unknown ['branin']" in result.stderr
 
 
+@pytest.mark.slow
 def test_gp_speed_benchmark(tmp_path):
     argv = [str(ROOT / "benchmarks" / "gp_speed.py"), "--dims", "4,40", "--num-features", "64", "--num-points", "32"]
     argv += ["--blocks", "4", "--batch-size", "16", "--iterations", "1", "--repeats", "1"]
@@ -58,5 +60,7 @@ def test_gp_speed_benchmark(tmp_path):
     assert {(r["covariance"], r["projection"]) for r in steps} == {
         (c, p) for c in ("diagonal", "full") for p in ("dense", "sorf")
     }
-    assert all(r["svgp_parameters"] >= r["parameters"] > 0 and r["svgp_over_rf_whvi"] > 0 for r in steps)
+    for r in steps:  # SVGP at or above RF-WHVI's parameter budget; the ratio is of the two step times
+        assert r["svgp_parameters"] >= r["parameters"], r
+        assert r["svgp_over_rf_whvi"] == pytest.approx(r["svgp_ms"] / r["rf_whvi_ms"]), r
     assert (tmp_path / "speed.png").is_file()

@@ -112,6 +112,7 @@ def test_conjugate_posterior_is_a_stationary_point_of_gpytorchs_variational_elbo
     assert mll(model(x), y) < elbo
 
 
+@pytest.mark.slow
 def test_full_covariance_predictive_approaches_the_exact_gp():
     x, y = _data(n=25, d=1)
     test_x = torch.linspace(-0.5, 1.5, 60)[:, None]  # includes extrapolation, where the variance grows

@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 
 from .helpers import ROOT, run_python, uci_directory
 
 
+@pytest.mark.slow
 def test_iblm_benchmark(tmp_path):
     data = uci_directory(tmp_path)
     argv = [str(ROOT / "benchmarks" / "iblm_init.py"), "--data-dir", str(data), "--seeds", "1", "--steps", "4"]

@@ -277,6 +277,7 @@ def test_keep_weights_starts_every_posterior_mean_at_the_networks_weights():
     torch.testing.assert_close(vsd[0].theta.detach(), weight)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["whvi", "vsd"])
 def test_compiled_elbo_loss_matches_eager(method):
     torch.manual_seed(0)
@@ -335,10 +336,14 @@ def test_in_a_pyro_model_the_elbo_carries_the_kl_and_svi_trains():
     torch.testing.assert_close(-sum(site["fn"].log_prob(site["value"]) for site in factors.values()),
                                kl_divergence(network))  # fmt: skip
     svi = SVI(model, guide, pyro.optim.Adam({"lr": 0.01}), Trace_ELBO())
+    before = {name: p.detach().clone() for name, p in network.named_parameters()}
     losses = [svi.step(x, y) for _ in range(300)]
     assert sum(losses[-20:]) / 20 < 0.5 * sum(losses[:20]) / 20
     names = set(pyro.get_param_store().keys())
-    assert {"2$$$g_loc", "2$$$s1", "0$$$weight_loc", "4$$$weight_loc"} <= names  # trained by SVI
+    assert {"2$$$g_loc", "2$$$s1", "0$$$weight_loc", "4$$$weight_loc"} <= names
+    # Trained by SVI: every parameter of the layers, the WHVI layer's g, s1, s2 as well as the mean-field ones.
+    unmoved = [name for name, p in network.named_parameters() if torch.equal(p.detach(), before[name])]
+    assert len(before) > 0 and not unmoved, unmoved
     samples = Predictive(model, guide=guide, num_samples=8)(x)["obs"]
     assert samples.shape == (8, 64) and samples.std(0).min() > 0
 
@@ -354,6 +359,7 @@ def test_module_local_params_with_elbo_module_and_torch_optim_trains():
         elbo(x, y)  # creates the guide's parameters
         optimizer = torch.optim.Adam(elbo.parameters(), lr=0.01)
         assert {id(p) for p in network.parameters()} <= {id(p) for p in elbo.parameters()}
+        before = {name: p.detach().clone() for name, p in network.named_parameters()}
         losses = []
         for _ in range(300):
             optimizer.zero_grad()
@@ -362,6 +368,9 @@ def test_module_local_params_with_elbo_module_and_torch_optim_trains():
             optimizer.step()
             losses.append(loss.item())
     assert sum(losses[-20:]) / 20 < 0.5 * sum(losses[:20]) / 20
+    # Every VSD layer parameter (Theta, alpha, the Householder vectors) is trained, not only the rest.
+    unmoved = [name for name, p in network.named_parameters() if torch.equal(p.detach(), before[name])]
+    assert len(before) > 0 and not unmoved, unmoved
     assert not pyro.get_param_store().keys()
 
 
@@ -386,6 +395,7 @@ def test_state_dict_round_trip():
     torch.testing.assert_close(second(x), a)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("method", "size"), [("whvi", 2048), ("vsd", 8192)])
 def test_layers_fit_data_with_a_known_noise_floor(method, size):
     """``sin(3x)`` plus noise of scale 0.1: the learned noise scale and the predictive mean reach the floor.

@@ -286,12 +286,17 @@ def test_module_local_params_with_elbo_module_and_torch_optim(kind, module_local
     assert "model.noise_scale_unconstrained" in names
     optimizer = torch.optim.Adam(elbo.parameters(), lr=0.02)
     before = float(elbo(x, y).detach())
+    # Every guide parameter, those of the structured sites included, is one the optimizer gets, and moves.
+    initial = {name: p.detach().clone() for name, p in guide.named_parameters()}
+    assert {id(p) for p in guide.parameters()} <= {id(p) for p in elbo.parameters()}
     for _ in range(150):
         optimizer.zero_grad()
         loss = elbo(x, y)
         loss.backward()
         optimizer.step()
     assert float(sum(elbo(x, y).detach() for _ in range(4)) / 4) < before
+    unmoved = [name for name, p in guide.named_parameters() if torch.equal(p.detach(), initial[name])]
+    assert not unmoved, unmoved
     SVI(model, guide, pyro.optim.Adam({"lr": 0.01}), Trace_ELBO()).step(x, y)
 
 

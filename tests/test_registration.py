@@ -44,6 +44,7 @@ def test_opcheck_compiled_kernels():
         torch.library.opcheck(op, args)
 
 
+@pytest.mark.slow
 def test_opcheck_reference_kernels_in_a_fresh_process():
     """With the compiled library never loaded, the ops run their registered reference kernels."""
     script = """
@@ -69,7 +70,7 @@ def _model(x, s1, g, s2):
     return ops.fwht(torch.tanh(h)).sum(-1)
 
 
-@pytest.mark.parametrize("compile_backend", ["aot_eager", "inductor"])
+@pytest.mark.parametrize("compile_backend", ["aot_eager", pytest.param("inductor", marks=pytest.mark.slow)])
 def test_torch_compile_fullgraph(backend, compile_backend):
     torch._dynamo.reset()
     size = 32

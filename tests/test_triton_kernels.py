@@ -148,6 +148,7 @@ print("ok")
 """
 
 
+@pytest.mark.slow
 def test_kernels_match_the_reference_under_the_interpreter():
     result = run_python(INTERPRETER_CHECKS, TRITON_INTERPRET="1", TRITON_DEFAULT_FP_FUSION="1")
     assert result.returncode == 0, result.stderr[-3000:]
@@ -160,6 +161,7 @@ def test_importing_the_library_does_not_import_triton():
     assert result.stdout.strip() == "False"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", [80, 90])
 @pytest.mark.parametrize("kernel", ["fwht", "whvi_matvec", "whvi_matvec_backward", "fastfood", "fastfood_transpose"])
 def test_kernels_compile_for_the_gpu_without_spilling(kernel, arch):

@@ -44,6 +44,8 @@ import torch
 
 from .helpers import ROOT, checkout_environment, require_compiled_kernels, triton_autograd_functions
 
+pytestmark = pytest.mark.slow  # the module's sweep fixture runs every case under Triton's interpreter
+
 # Dispatcher limits (cuda/triton/kernels.py); the sweep checks that the kernels launched match them.
 MAX_FUSED_SIZE = 8192  # longer rows: two-pass FWHT, unfused compositions, design ops to the reference
 GATHER_LIMIT = 1024  # Fastfood above it permutes through the output row's slot (same kernel)

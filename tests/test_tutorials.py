@@ -40,10 +40,18 @@ def run_script(path: Path, cwd: Path, timeout: float = TIMEOUT, **env_overrides:
     return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
 
 
-def test_the_lightning_ddp_tutorial_is_collected():
-    assert "lightning_ddp" in {path.stem for path in TUTORIALS}
+def test_every_tutorial_takes_the_fast_mode_and_the_figure_folder():
+    """What the test below relies on: each tutorial reads both variables, and every committed figure is a
+    tutorial's (named after it), so that each one is run below."""
+    for path in TUTORIALS:
+        source = path.read_text()
+        assert "PYRO_WHVI_TUTORIAL_FAST" in source and "PYRO_WHVI_TUTORIAL_OUT" in source, path.name
+    stems = {path.stem for path in TUTORIALS}
+    for figure in (ROOT / "tutorials" / "figures").glob("*.png"):
+        assert any(figure.stem.startswith(stem + "_") for stem in stems), figure.name
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", TUTORIALS, ids=[p.stem for p in TUTORIALS])
 def test_tutorial_runs_in_fast_mode(path: Path, tmp_path):
     if path.stem in NEEDS:
@@ -53,4 +61,6 @@ def test_tutorial_runs_in_fast_mode(path: Path, tmp_path):
         path, cwd=tmp_path, PYRO_WHVI_TUTORIAL_FAST="1", PYRO_WHVI_TUTORIAL_OUT=str(out), MPLBACKEND="Agg"
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    assert list(out.glob("*.png")), "a tutorial saves its figures"
+    # Into the folder it was given: the figures committed for it (tutorials/figures), no more and no fewer.
+    committed = {figure.name for figure in (ROOT / "tutorials" / "figures").glob(f"{path.stem}_*.png")}
+    assert committed and {figure.name for figure in out.glob("*.png")} == committed

@@ -103,9 +103,8 @@ def test_harness_reports_original_units_and_resumes(tmp_path):
     assert [e["method"] for e in summary] == ["mcd", "whvi"] and "| whvi | 2 |" in text
     saved = json.loads((tmp_path / "out" / "uci_toyset.json").read_text())
     rows = saved["meta"]["splits"]
-    # the metrics are in the original units: recompute one RMSE from the stored predictive of a rerun
+    assert sorted((r["method"], r["split"]) for r in rows) == [("mcd", 0), ("mcd", 1), ("whvi", 0), ("whvi", 1)]
     split = load_uci_split(directory, 0)
-    assert all(r["rmse"] > 0 and r["noise_scale"] > 0 for r in rows)
     assert rows[0]["noise_scale"] == pytest.approx(0.1 * split.y_std, rel=0.5)  # 40 steps barely move it
     run_file = tmp_path / "out" / "runs" / "toyset" / "whvi" / "split1.json"
     stored = json.loads(run_file.read_text())
@@ -129,6 +128,7 @@ def test_bundled_sets_load_for_both_tasks():
     assert cancer.num_classes == 2 and cancer.x_train.shape[1] == 30
 
 
+@pytest.mark.slow
 def test_cli_uci_on_a_bundled_classification_set(tmp_path):
     code = (
         "import sys; from pyro_whvi.experiments.cli import main; "

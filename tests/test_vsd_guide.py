@@ -1,16 +1,16 @@
-"""AutoVSDGuide with Pyro's own machinery: both ELBOs, the KL term each sees, Predictive, summaries,
-state_dict round trips, conv layers, KL annealing, and the errors users hit."""
+"""AutoVSDGuide with Pyro's own machinery: where its parameters live, the KL term the ELBO sees, summaries,
+conv layers, KL annealing, and the errors users hit. The checks every guide passes (each ELBO, Predictive,
+subsampling, state_dict and param-store round trips, dtype, every structured parameter learning) run for
+each of VSD_OPTIONS in tests/test_guide_conformance.py."""
 
 from __future__ import annotations
-
-import io
 
 import pyro
 import pyro.distributions as dist
 import pytest
 import torch
 from pyro import poutine
-from pyro.infer import SVI, Predictive, Trace_ELBO, TraceGraph_ELBO, TraceMeanField_ELBO
+from pyro.infer import SVI, Predictive, Trace_ELBO, TraceMeanField_ELBO
 from pyro.infer.autoguide import AutoNormal
 
 from pyro_whvi import AutoVSDGuide, AutoWHVIGuide, KLAnnealing
@@ -18,21 +18,12 @@ from pyro_whvi.distributions import StructuredDropoutNoise
 from pyro_whvi.infer import ModelModule, VSDWeight, local_reparameterization
 from pyro_whvi.nn import BayesianCNN, BayesianMLP
 
-from .helpers import regression_data
-
-GUIDES = {
-    "T0": {"reflections": 0},
-    "T1": {"reflections": 1},
-    "T2": {"reflections": 2},
-    "lowrank": {"reflections": 3, "hidden_rank": 2},
-    "hierarchical": {"reflections": 2, "hierarchical": True},
-    "hierarchical-gamma": {"reflections": 1, "hierarchical": True, "z_prior": ("gamma", 2.0, 2.0)},
-}
+from .helpers import VSD_OPTIONS, regression_data
 
 
-@pytest.fixture(params=list(GUIDES), ids=list(GUIDES))
+@pytest.fixture(params=list(VSD_OPTIONS), ids=list(VSD_OPTIONS))
 def guide_kwargs(request):
-    return GUIDES[request.param]
+    return VSD_OPTIONS[request.param]
 
 
 def _train(model, guide, x, y, steps=30, loss=None):
@@ -40,13 +31,12 @@ def _train(model, guide, x, y, steps=30, loss=None):
     return [svi.step(x, y) for _ in range(steps)]
 
 
-@pytest.mark.parametrize("loss", [Trace_ELBO(), TraceMeanField_ELBO()], ids=["trace", "meanfield"])
-def test_trains_with_both_elbos(guide_kwargs, loss):
+def test_parameters_live_where_the_docs_say(guide_kwargs):
+    """(Training with each ELBO, and every one of these parameters moving under SVI, are checked for each
+    of these options by tests/test_guide_conformance.py.)"""
     x, y = regression_data()
     guide = AutoVSDGuide(BayesianMLP([5, 16, 16, 1]), **guide_kwargs)
-    losses = _train(guide.model, guide, x, y, steps=60, loss=loss)
-    assert all(torch.isfinite(torch.tensor(losses)))
-    assert sum(losses[-10:]) < sum(losses[:10])
+    guide(x, y)
     assert sorted(guide.vsd_sites) == ["layers.0.weight", "layers.1.weight", "layers.2.weight"]
     names = {name.removeprefix("AutoVSDGuide.") for name in pyro.get_param_store().keys()}
     assert {"vsd_theta.layers.0.weight", "vsd_alpha.layers.0.weight", "locs.layers.0.bias"} <= names
@@ -55,8 +45,7 @@ def test_trains_with_both_elbos(guide_kwargs, loss):
     alpha = pyro.get_param_store()["AutoVSDGuide.vsd_alpha.layers.1.weight"]
     assert torch.allclose(alpha.unconstrained(), alpha.log())
     assert ("vsd_householder.layers.1.weight.steps.0.weight" in names) == (guide_kwargs["reflections"] == 2)
-    if guide_kwargs.get("hierarchical"):
-        assert {"vsd_z_loc.layers.1.weight", "vsd_z_scale.layers.1.weight"} <= names
+    assert ("vsd_z_loc.layers.1.weight" in names) == ("vsd_z_scale.layers.1.weight" in names) == guide.hierarchical
 
 
 def test_elbo_terms_are_the_empirical_bayes_kl(guide_kwargs):
@@ -78,19 +67,13 @@ def test_elbo_terms_are_the_empirical_bayes_kl(guide_kwargs):
             assert z_name in model_trace.nodes and z_name in guide_trace.nodes
 
 
-def test_all_elbos_agree_and_the_original_model_is_refused():
+def test_the_original_model_is_refused():
+    """``guide.model.forward`` skips the transformation, so the ELBO would see the original priors."""
     x, y = regression_data()
     guide = AutoVSDGuide(BayesianMLP([5, 8, 1]), reflections=2)
     guide(x, y)
-    losses = []
-    for elbo in (Trace_ELBO(), TraceGraph_ELBO(), TraceMeanField_ELBO()):
-        pyro.set_rng_seed(4)
-        losses.append(elbo.loss(guide.model, guide, x, y))
-    # No latent outside the VSD sites is sampled differently: biases are Normal-Normal, so only the
-    # mean-field ELBO's analytic bias KL differs from the Monte-Carlo one; the first two agree exactly.
-    assert losses[0] == pytest.approx(losses[1], rel=1e-12)
     with pytest.raises(ValueError, match=r"guide\.model"):
-        TraceMeanField_ELBO().loss(guide.model.forward, guide, x, y)  # .forward skips the transformation
+        TraceMeanField_ELBO().loss(guide.model.forward, guide, x, y)
 
 
 def test_conv1d_conv3d_and_string_padding_draw_noise_per_example():
@@ -125,27 +108,14 @@ def test_kl_annealing_scales_exactly_the_kl_part():
         KLAnnealing(-0.1)
 
 
-def test_predictive_summaries_and_state_dict_round_trip():
+def test_summaries_and_vectorized_predictive_refused():
     x, y = regression_data()
     guide = AutoVSDGuide(BayesianMLP([5, 8, 8, 1]), reflections=2)
     _train(guide.model, guide, x, y, steps=5)
-    samples = Predictive(guide.model, guide=guide, num_samples=4, return_sites=["obs", "layers.1.weight"])(x)
-    # Predictive(parallel=False) keeps one leading dim per plate of the model (here "data") for global sites.
-    assert samples["obs"].shape == (4, 32) and samples["layers.1.weight"].shape == (4, 1, 8, 8)
-    assert not isinstance(samples["layers.1.weight"], VSDWeight) and samples["layers.1.weight"].std(0).min() > 0
     quantiles = guide.quantiles([0.1, 0.5, 0.9])
     theta = guide.median()["layers.1.weight"]
     assert torch.allclose(theta, guide.vsd_theta.layers._modules["1"].weight)
     assert (quantiles["layers.1.weight"][0] <= quantiles["layers.1.weight"][2]).all()
-    buffer = io.BytesIO()
-    torch.save(guide.state_dict(), buffer)
-    pyro.clear_param_store()
-    restored = AutoVSDGuide(BayesianMLP([5, 8, 8, 1]), reflections=2)
-    restored(x, y)
-    buffer.seek(0)
-    restored.load_state_dict(torch.load(buffer))
-    for name in guide.vsd_sites:
-        assert torch.allclose(restored.kl(name), guide.kl(name))
     with pytest.raises(ValueError, match="parallel=False"):
         Predictive(guide.model, guide=guide, num_samples=2, parallel=True)(x)
 

@@ -92,6 +92,7 @@ def test_exact_posterior_is_block_diagonal_and_elbo_equals_log_evidence(problem)
     assert abs(-losses.mean() - log_evidence) < 5 * losses.std() / math.sqrt(num_particles)
 
 
+@pytest.mark.slow
 def test_svi_with_full_covariance_reaches_the_exact_posterior(problem):
     _, guide, x, y, (mean, cov, log_evidence) = problem
     steps = 1200
