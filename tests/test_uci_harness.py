@@ -187,3 +187,20 @@ def test_whvi_method_is_the_papers_set_up():
     # every weight and bias under WHVI except the last layer's (mean-field, WHVI paper §3.2)
     assert {"layers.0.weight", "layers.0.bias", "layers.1.weight", "layers.1.bias"} <= whvi_sites
     assert "layers.2.weight" not in whvi_sites and "layers.2.bias" not in whvi_sites
+
+
+def test_presets_are_the_papers_two_networks(tmp_path):
+    """Table 3 (2x128) is the harness's default network; Table 6 (App. D.2) is 1x50, 1x100 for protein; explicit
+    --hidden/--layers win over the preset; the run's table names the network it trained."""
+    from pyro_whvi.experiments.cli import main
+    from pyro_whvi.experiments.uci_command import PRESETS, preset_network
+
+    defaults = UCIConfig()
+    assert PRESETS["table3"] == {"layers": defaults.layers, "hidden": defaults.hidden}
+    assert preset_network("table6", "concrete") == {"layers": 1, "hidden": 50}
+    assert preset_network("table6", "protein-tertiary-structure") == {"layers": 1, "hidden": 100}
+    assert preset_network("table6", "yacht", hidden=20) == {"layers": 1, "hidden": 20}
+    assert preset_network("table3", "protein", layers=3) == {"layers": 3, "hidden": 128}
+    args = ["uci", "--dataset", "diabetes", "--preset", "table6", "--methods", "mfg", "--splits", "0"]
+    assert main([*args, "--steps", "3", "--samples", "4", "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "uci_diabetes.md").read_text().startswith("### diabetes: 1x50 ReLU")

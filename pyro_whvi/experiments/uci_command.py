@@ -10,7 +10,28 @@ from pathlib import Path
 
 from .arguments import nonnegative, positive, positive_float
 
-__all__ = ["add_uci_command", "run_uci_command"]
+__all__ = ["PRESETS", "add_uci_command", "preset_network", "run_uci_command"]
+
+#: The networks of the WHVI paper's two UCI protocols: Table 3 (§3.2, App. D.1: 2 hidden layers of 128) and
+#: Table 6 (App. D.2, the set-up of Hernández-Lobato and Adams: 1 hidden layer of 50, of 100 for protein).
+#: Both train with the App. D.1 schedule.
+PRESETS = {"table3": {"layers": 2, "hidden": 128}, "table6": {"layers": 1, "hidden": 50}}
+TABLE6_LARGE = {"protein": 100}  # dataset folder names (lower case, prefix) that get more units under table6
+
+
+def preset_network(preset: str, dataset: str, *, hidden: int | None = None, layers: int | None = None) -> dict:
+    """``{"layers": ..., "hidden": ...}`` of ``preset`` for ``dataset`` (a folder or bundled set's name),
+    with ``hidden`` / ``layers`` overriding it when given."""
+    network = dict(PRESETS[preset])
+    if preset == "table6":
+        network["hidden"] = next(
+            (units for name, units in TABLE6_LARGE.items() if dataset.lower().startswith(name)), network["hidden"]
+        )
+    if hidden is not None:
+        network["hidden"] = hidden
+    if layers is not None:
+        network["layers"] = layers
+    return network
 
 
 def _uci_methods(text: str) -> tuple[str, ...]:
@@ -67,8 +88,15 @@ def add_uci_command(commands) -> None:
     )
     uci.add_argument("--batch-size", type=positive, default=schedule.batch_size, help="minibatch size (default 64)")
     uci.add_argument("--lr", type=positive_float, default=schedule.lr, help="Adam's initial learning rate")
-    uci.add_argument("--hidden", type=positive, default=defaults.hidden, help="hidden units per layer (default 128)")
-    uci.add_argument("--layers", type=nonnegative, default=defaults.layers, help="hidden layers (default 2)")
+    uci.add_argument(
+        "--preset",
+        choices=tuple(PRESETS),
+        default="table3",
+        help="the network of the WHVI paper's Table 3 (2x128, the default) or Table 6 / App. D.2 (1x50, 1x100 for "
+        "protein); --hidden and --layers override it",
+    )
+    uci.add_argument("--hidden", type=positive, help="hidden units per layer (default: the preset's)")
+    uci.add_argument("--layers", type=nonnegative, help="hidden layers (default: the preset's)")
     uci.add_argument("--samples", type=positive, default=defaults.samples, help="test-time posterior samples")
     uci.add_argument("--dropout", type=positive_float, default=defaults.dropout, help="MC dropout rate (default 0.005)")
     uci.add_argument("--flows", type=positive, default=defaults.flows, help="planar flows of nf-whvi (default 3)")
@@ -133,8 +161,8 @@ def run_uci_command(args: argparse.Namespace) -> int:
                 batch_size=args.batch_size,
                 lr=args.lr,
             ),
-            hidden=args.hidden,
-            layers=args.layers,
+            # The folder's own name (no file system call: a bad path is check_source's to report).
+            **preset_network(args.preset, Path(source).name, hidden=args.hidden, layers=args.layers),
             samples=max(2, args.samples),
             dropout=args.dropout,
             flows=args.flows,
