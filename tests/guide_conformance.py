@@ -342,13 +342,22 @@ class StructuredGuideTestCase:
 
     # -- state ----------------------------------------------------------------------------------
 
-    def test_state_dict_round_trip_gives_identical_predictions(self):
+    def _trained_predictions(self):
+        """A model and guide after ``steps`` SVI steps, their data, and their seeded predictions of every site."""
         model, guide, x, y = self._setup()
         svi = self._svi(model, guide)
         for _ in range(self.steps):
             svi.step(x, y)
         sites = self._return_sites(model, guide, x, y)
-        expected = self._predict(model, guide, x, sites)
+        return model, guide, x, y, sites, self._predict(model, guide, x, sites)
+
+    def _assert_same_predictions(self, model, guide, x, sites, expected) -> None:
+        got = self._predict(model, guide, x, sites)
+        for name, value in expected.items():
+            torch.testing.assert_close(got[name], value, rtol=0, atol=0, msg=name)
+
+    def test_state_dict_round_trip_gives_identical_predictions(self):
+        model, guide, x, y, sites, expected = self._trained_predictions()
         buffer = io.BytesIO()
         torch.save({"model": model.state_dict(), "guide": guide.state_dict()}, buffer)
 
@@ -360,17 +369,10 @@ class StructuredGuideTestCase:
         state = torch.load(buffer)
         fresh_model.load_state_dict(state["model"])
         fresh.load_state_dict(state["guide"])
-        got = self._predict(fresh_model, fresh, x, sites)
-        for name, value in expected.items():
-            torch.testing.assert_close(got[name], value, rtol=0, atol=0, msg=name)
+        self._assert_same_predictions(fresh_model, fresh, x, sites, expected)
 
     def test_param_store_state_round_trip_gives_identical_predictions(self):
-        model, guide, x, y = self._setup()
-        svi = self._svi(model, guide)
-        for _ in range(self.steps):
-            svi.step(x, y)
-        sites = self._return_sites(model, guide, x, y)
-        expected = self._predict(model, guide, x, sites)
+        _, _, x, y, sites, expected = self._trained_predictions()
         buffer = io.BytesIO()
         torch.save(pyro.get_param_store().get_state(), buffer)
 
@@ -380,9 +382,7 @@ class StructuredGuideTestCase:
         fresh_model = self.make_model()
         fresh = self.make_guide(fresh_model)
         fresh(x, y)  # its parameters are read from the store
-        got = self._predict(fresh_model, fresh, x, sites)
-        for name, value in expected.items():
-            torch.testing.assert_close(got[name], value, rtol=0, atol=0, msg=name)
+        self._assert_same_predictions(fresh_model, fresh, x, sites, expected)
 
     # -- placement ------------------------------------------------------------------------------
 
