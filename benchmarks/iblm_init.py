@@ -34,9 +34,7 @@ from pathlib import Path
 
 import pyro
 import torch
-from pyro.infer import SVI, Predictive, Trace_ELBO
 from pyro.infer.autoguide import AutoNormal
-from pyro.optim import PyroOptim
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -44,7 +42,9 @@ from _results import environment, report_saved, save_figure, save_tables
 
 from pyro_whvi import AutoWHVIGuide, iblm_, xavier_normal_
 from pyro_whvi.data import load_digits_split, load_uci_split, num_uci_splits
-from pyro_whvi.metrics import categorical_nll, gaussian_mnll
+from pyro_whvi.experiments.engine import Schedule, train
+from pyro_whvi.experiments.methods import predictive_samples
+from pyro_whvi.metrics import categorical_nll, gaussian_mnll, mean_and_standard_error
 from pyro_whvi.nn import BayesianCNN, BayesianMLP
 
 TASKS = ("concrete", "digits")
@@ -72,12 +72,10 @@ def _guide(name: str, model):
 
 
 def _test_mnll(task, model, guide, x, y, y_std, samples: int) -> float:
-    with torch.no_grad():
-        predictive = Predictive(model, guide=guide, num_samples=samples, return_sites=["f"], parallel=False)
-        f = predictive(x)["f"]
+    f = predictive_samples(model, guide, x, samples)
     if task == "concrete":
-        return gaussian_mnll(f.reshape(samples, -1), model.noise_scale.detach(), y) + math.log(y_std)
-    return float(categorical_nll(f.reshape(samples, *f.shape[-2:]), y))
+        return gaussian_mnll(f, model.noise_scale.detach(), y) + math.log(y_std)
+    return float(categorical_nll(f, y))
 
 
 def run(task: str, guide_name: str, init: str, seed: int, args) -> dict:
@@ -104,18 +102,23 @@ def run(task: str, guide_name: str, init: str, seed: int, args) -> dict:
             progress=False,
         )
     init_seconds = time.perf_counter() - start
-    svi = SVI(model, guide, PyroOptim(torch.optim.Adam, {"lr": args.lr}), Trace_ELBO())
     steps, mnll = [0], [_test_mnll(task, model, guide, x_test, y_test, y_std, args.samples)]
-    train_seconds = 0.0
-    generator = torch.Generator().manual_seed(seed)
-    for step in range(1, args.steps + 1):
-        index = torch.randint(0, x.shape[0], (args.batch,), generator=generator)
-        tick = time.perf_counter()
-        svi.step(x[index], y[index], num_data=x.shape[0])
-        train_seconds += time.perf_counter() - tick
+    evaluation_seconds = 0.0
+
+    def evaluate(step: int) -> None:
+        nonlocal evaluation_seconds
         if step % args.eval_every == 0 or step == args.steps:
+            tick = time.perf_counter()
             steps.append(step)
             mnll.append(_test_mnll(task, model, guide, x_test, y_test, y_std, args.samples))
+            evaluation_seconds += time.perf_counter() - tick
+
+    # The same SVI for every initialization: Adam at a constant rate, minibatches drawn with replacement
+    # (seeded by the run's seed); the model's noise scale learns from the first step.
+    schedule = Schedule(args.steps, 0, args.batch, args.lr, lr_gamma=0.0, lr_power=0.0)
+    tick = time.perf_counter()
+    train(model, guide, x, y, schedule, seed=seed, warm_up=False, callback=evaluate, progress=False)
+    train_seconds = time.perf_counter() - tick - evaluation_seconds
     return {
         "task": task,
         "guide": guide_name,
@@ -128,12 +131,6 @@ def run(task: str, guide_name: str, init: str, seed: int, args) -> dict:
     }
 
 
-def _mean_se(values: list[float]) -> tuple[float, float]:
-    mean = statistics.fmean(values)
-    se = statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else 0.0
-    return mean, se
-
-
 def summarize(rows: list[dict]) -> list[dict]:
     groups: dict[tuple, list[dict]] = {}
     for row in rows:
@@ -141,9 +138,9 @@ def summarize(rows: list[dict]) -> list[dict]:
     summary = []
     for (task, guide, init), mine in groups.items():
         curves = torch.tensor([r["mnll"] for r in mine])
-        start, start_se = _mean_se(curves[:, 0].tolist())
-        end, end_se = _mean_se(curves[:, -1].tolist())
-        ratio, ratio_se = _mean_se([r["init_seconds"] / r["train_seconds"] for r in mine])
+        start, start_se = mean_and_standard_error(curves[:, 0].tolist())
+        end, end_se = mean_and_standard_error(curves[:, -1].tolist())
+        ratio, ratio_se = mean_and_standard_error([r["init_seconds"] / r["train_seconds"] for r in mine])
         summary.append(
             {
                 "task": task,

@@ -13,29 +13,28 @@ seeds (each seed: its own split and init).
 Methods: ``vsd`` (AutoVSDGuide, T reflections), ``vsd-h`` (the same with the hierarchical
 prior, §3.3; not in the default list), ``mcd`` (MC dropout: the same network with dropout,
 a point estimate under the prior as weight decay, Pyro's AutoDelta), ``mfg`` (AutoNormal).
-Writes ``vsd_digits_<models>.json`` / ``.md`` to ``--out`` (default ``benchmarks/results``).
+Writes ``vsd_digits_<models>.json`` / ``.csv`` / ``.md`` / ``.png`` to ``--out`` (default ``benchmarks/results``).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
 
 import pyro
-import torch
-from pyro.infer import SVI, Predictive, Trace_ELBO
 from pyro.infer.autoguide import AutoDelta, AutoNormal, init_to_sample
-from pyro.optim import PyroOptim
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _results import environment, save_figure
-from _selection import holdout, select_best, summarize, train_with_checkpoints
+from _results import environment, report_saved, save_figure
 
-from pyro_whvi import AutoVSDGuide, KLAnnealing, iblm_
+from pyro_whvi import AutoVSDGuide, iblm_
 from pyro_whvi.data import load_digits_split
+from pyro_whvi.experiments.engine import Minibatches, Schedule, train
+from pyro_whvi.experiments.methods import predictive_samples
+from pyro_whvi.experiments.reporting import save_tables, summarize_by
+from pyro_whvi.experiments.selection import KeepBest, holdout, select_best
 from pyro_whvi.metrics import categorical_nll, error_rate, expected_calibration_error, reliability_diagram
 from pyro_whvi.nn import BayesianCNN, BayesianMLP
 
@@ -62,34 +61,36 @@ def make_guide(method: str, model, args):
     raise ValueError(f"unknown method {method!r}; choose from {METHODS}")
 
 
-def _logits(model, guide, x, samples: int):
-    with torch.no_grad():
-        predictive = Predictive(model, guide=guide, num_samples=samples, return_sites=["f"])
-        return predictive(x)["f"].reshape(samples, x.shape[0], -1)
-
-
 def fit_candidate(method: str, kind: str, setting: float, data, fit, val, seed: int, args):
-    """Train one candidate; the best validation NLL's state and step, the guide and model to restore it into."""
+    """Train one candidate; its :class:`KeepBest` (best validation NLL's state and step), the model and guide."""
     pyro.set_rng_seed(seed)
     pyro.clear_param_store()
     model = make_model(kind, setting if method == "mcd" else 0.0)
     guide = make_guide(method, model, args)
-    annealing = KLAnnealing(args.kl_weight if method == "mcd" else setting)
-    svi = SVI(annealing(model), annealing(guide), PyroOptim(torch.optim.Adam, {"lr": args.lr}), Trace_ELBO())
     x_fit, y_fit = data.x_train[fit], data.y_train[fit]
     num_fit = len(y_fit)
     if args.init == "iblm" and method != "mcd":
         iblm_(guide, (x_fit, y_fit), batch_size=min(128, num_fit), progress=False)
 
-    def step_fn(step: int):
-        batch = torch.randint(0, num_fit, (args.batch_size,))
-        return svi.step(x_fit[batch], y_fit[batch], num_data=num_fit)
-
     def validate() -> float:
-        return -float(categorical_nll(_logits(model, guide, data.x_train[val], args.val_samples), data.y_train[val]))
+        logits = predictive_samples(model, guide, data.x_train[val], args.val_samples)
+        return -float(categorical_nll(logits, data.y_train[val]))
 
-    desc = f"{method}={setting}/{kind}/seed {seed}"
-    return train_with_checkpoints(step_fn, args.steps, args.eval_every, validate, desc), model, guide
+    schedule = Schedule(args.steps, 0, args.batch_size, args.lr, lr_gamma=0.0, lr_power=0.0)
+    keeper = KeepBest([model, guide], validate, args.eval_every, args.steps)
+    train(
+        model,
+        guide,
+        x_fit,
+        y_fit,
+        schedule,
+        kl_weight=args.kl_weight if method == "mcd" else setting,
+        warm_up=False,  # the first step sets the guide up, as in a plain SVI loop (the stored results' streams)
+        sampler=Minibatches(num_fit, args.batch_size, seed=None),  # the global stream, as the stored results drew
+        callback=keeper,
+        progress=f"{method}={setting}/{kind}/seed {seed}",
+    )
+    return keeper, model, guide
 
 
 def run(method: str, kind: str, seed: int, args) -> tuple[dict, tuple]:
@@ -100,17 +101,17 @@ def run(method: str, kind: str, seed: int, args) -> tuple[dict, tuple]:
     start = time.perf_counter()
     chosen = select_best(settings, lambda setting: fit_candidate(method, kind, setting, data, fit, val, seed, args))
     seconds = time.perf_counter() - start
-    val_score, state, step, setting, model, guide = chosen
-    pyro.get_param_store().set_state(state)
+    keeper, setting, model, guide = chosen
+    keeper.restore()
     pyro.set_rng_seed(1000 + seed)
-    logits = _logits(model, guide, data.x_test, args.samples)
+    logits = predictive_samples(model, guide, data.x_test, args.samples)
     row = {
         "method": method,
         "model": kind,
         "seed": seed,
         "setting": setting,
-        "best_step": step,
-        "val_nll": -val_score,
+        "best_step": keeper.best_step,
+        "val_nll": -keeper.best_score,
         "error": float(error_rate(logits, data.y_test)),
         "nll": float(categorical_nll(logits, data.y_test)),
         "ece": float(expected_calibration_error(logits, data.y_test)),
@@ -177,12 +178,8 @@ def main(argv=None) -> None:
                 rows.append(row)
                 if seed == 0:
                     diagrams[(method, kind)] = diagram
-    summary = summarize(rows, ("model", "method"), ("error", "nll", "ece", "train_seconds"))
-    args.out.mkdir(parents=True, exist_ok=True)
+    summary = summarize_by(rows, ("model", "method"), ("error", "nll", "ece", "train_seconds"))
     stem = "vsd_digits_" + "-".join(models)
-    config = {k: str(v) for k, v in vars(args).items()}
-    record = {"config": config, "environment": environment(), "rows": rows, "summary": summary}
-    (args.out / f"{stem}.json").write_text(json.dumps(record, indent=2))
     lines = [
         f"# digits: {args.seeds} seeds; up to {args.steps} SVI steps of {args.batch_size}; VSD/MFG KL weight from "
         f"{args.kl_weights}, MC dropout rate from {args.dropouts}, and the stopping step, chosen on validation NLL "
@@ -196,10 +193,11 @@ def main(argv=None) -> None:
             f"| {e['model']} | {e['method']} | {e['error']:.4f} ± {e['error_se']:.4f} | {e['nll']:.4f} ± "
             f"{e['nll_se']:.4f} | {e['ece']:.4f} ± {e['ece_se']:.4f} | {e['train_seconds']:.1f} |"
         )
-    (args.out / f"{stem}.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
-    plotted = plot_reliability(diagrams, models, args.out / f"{stem}.png")
-    print(f"\nsaved {args.out / stem}.{{json,md}}" + (" and .png" if plotted else " (no matplotlib: no plot)"))
+    text = "\n".join(lines)
+    config = {k: str(v) for k, v in vars(args).items()}
+    save_tables(args.out, stem, {"config": config, "environment": environment(), "summary": summary}, rows, text)
+    print(text)
+    report_saved(args.out, stem, plot_reliability(diagrams, models, args.out / f"{stem}.png"))
 
 
 if __name__ == "__main__":

@@ -22,13 +22,13 @@ the prior (weight decay, Pyro's AutoDelta). VSD puts structured noise on the inp
 mean-field Normal (on Concrete splits 0-6 that was worse: README). ``vsd-h`` is VSD with the
 hierarchical prior (§3.3); on Concrete it ties MC dropout (README).
 Every (method, split) is seeded by the split alone, so ``--jobs N`` (N worker processes) and methods
-run in separate processes give the same rows as one run. Writes ``vsd_uci_<dataset>.json`` / ``.md`` to ``--out``.
+run in separate processes give the same rows as one run.
+Writes ``vsd_uci_<dataset>.json`` / ``.csv`` / ``.md`` to ``--out``.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import multiprocessing
 import sys
@@ -39,33 +39,27 @@ from typing import cast
 
 import pyro
 import torch
-from pyro.infer import SVI, Predictive, Trace_ELBO
 from pyro.infer.autoguide import AutoDelta, init_to_sample
-from pyro.optim import PyroOptim
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _results import environment
-from _selection import holdout, select_best, summarize, train_with_checkpoints
 
-from pyro_whvi import AutoVSDGuide, KLAnnealing, iblm_
+from pyro_whvi import AutoVSDGuide, iblm_
 from pyro_whvi.data import load_uci_split, num_uci_splits
-from pyro_whvi.experiments.engine import Minibatches
+from pyro_whvi.experiments.engine import Minibatches, Schedule, train
+from pyro_whvi.experiments.methods import predictive_samples
+from pyro_whvi.experiments.reporting import save_tables, summarize_by
+from pyro_whvi.experiments.selection import KeepBest, holdout, select_best
 from pyro_whvi.metrics import gaussian_mnll, rmse
 from pyro_whvi.nn import BayesianMLP
 
 METHODS = ("vsd", "vsd-h", "mcd")
 
 
-def _predict(model, guide, x, samples: int) -> torch.Tensor:
-    with torch.no_grad():
-        predictive = Predictive(model, guide=guide, num_samples=samples, return_sites=["f"])
-        return predictive(x)["f"].reshape(samples, -1)
-
-
 def fit_candidate(method: str, candidate: tuple[float, float | None], data, fit, val, split: int, args):
-    """Train one candidate ``(setting, fixed noise scale or None to learn it)``; return (best validation LL,
-    parameter-store state at that step, step), the guide and the model (which the guide transforms in place)."""
+    """Train one candidate ``(setting, fixed noise scale or None to learn it)``; return the :class:`KeepBest`
+    (best validation log-likelihood, the model's and guide's state then, the step), the guide and the model."""
     setting, held_noise = candidate
     pyro.set_rng_seed(split)
     pyro.clear_param_store()
@@ -88,12 +82,6 @@ def fit_candidate(method: str, candidate: tuple[float, float | None], data, fit,
         guide = AutoDelta(model, init_loc_fn=init_to_sample)
     else:
         raise ValueError(f"unknown method {method!r}; choose from {METHODS}")
-    annealing = KLAnnealing(args.kl_weight if method == "mcd" else setting)
-    optim = PyroOptim(torch.optim.Adam, {"lr": args.lr})
-    svi = SVI(annealing(model), annealing(guide), optim, Trace_ELBO())
-    # Phase one: the noise scale is hidden from the trace SVI collects parameters from, so it stays fixed.
-    blocked = pyro.poutine.block(annealing(model), hide=["noise_scale"])
-    svi_noise_held = SVI(blocked, annealing(guide), optim, Trace_ELBO())
     x_fit, y_fit = data.x_train[fit], data.y_train[fit]
     if args.init == "iblm" and isinstance(guide, AutoVSDGuide):
         # iblm_ sets an uncalled guide up itself; this call stays because the random streams of the
@@ -101,24 +89,28 @@ def fit_candidate(method: str, candidate: tuple[float, float | None], data, fit,
         guide(x_fit[:2], y_fit[:2])
         iblm_(guide, (x_fit, y_fit), batch_size=min(128, len(y_fit)), progress=False)
 
-    noise_held_steps = args.fixed_noise_steps if held_noise is None else 0  # a held noise is never trained
-
-    batches = Minibatches(len(y_fit), args.batch_size or None, split, replacement=False, drop_last=False)
-
-    def step_fn(step: int):
-        runner = svi_noise_held if step <= noise_held_steps else svi
-        batch = next(batches)
-        if batch is None:
-            return runner.step(x_fit, y_fit)
-        return runner.step(x_fit[batch], y_fit[batch], num_data=len(y_fit))
-
     def validate() -> float:
-        f = _predict(model, guide, data.x_train[val], args.val_samples)
+        f = predictive_samples(model, guide, data.x_train[val], args.val_samples)
         return -gaussian_mnll(f, cast(torch.Tensor, model.noise_scale).detach(), data.y_train[val])
 
-    desc = f"{method}={setting}" + ("" if held_noise is None else f", noise {held_noise}") + f" split {split}"
-    best = train_with_checkpoints(step_fn, args.steps, args.eval_every, validate, desc)
-    return best, guide, model
+    # A held noise is never trained; a learned one is held for the first --fixed-noise-steps.
+    fixed = args.fixed_noise_steps if held_noise is None else 0
+    schedule = Schedule(args.steps, fixed, args.batch_size or None, args.lr, lr_gamma=0.0, lr_power=0.0)
+    keeper = KeepBest([model, guide], validate, args.eval_every, args.steps)
+    train(
+        model,
+        guide,
+        x_fit,
+        y_fit,
+        schedule,
+        seed=split,
+        kl_weight=args.kl_weight if method == "mcd" else setting,
+        warm_up=False,  # the first step sets the guide up, as in a plain SVI loop (the stored results' streams)
+        sampler=Minibatches(len(y_fit), schedule.batch_size, split, replacement=False, drop_last=False),
+        callback=keeper,
+        progress=f"{method}={setting}" + ("" if held_noise is None else f", noise {held_noise}") + f" split {split}",
+    )
+    return keeper, guide, model
 
 
 def run_split(method: str, data_dir: Path, split: int, args) -> dict:
@@ -130,18 +122,18 @@ def run_split(method: str, data_dir: Path, split: int, args) -> dict:
     start = time.perf_counter()
     chosen = select_best(candidates, lambda cand: fit_candidate(method, cand, data, fit, val, split, args))
     seconds = time.perf_counter() - start
-    val_ll, state, step, (setting, fixed_noise), guide, model = chosen
-    pyro.get_param_store().set_state(state)
+    keeper, (setting, fixed_noise), guide, model = chosen
+    keeper.restore()
     pyro.set_rng_seed(1000 + split)
-    f = _predict(model, guide, data.x_test, args.samples)
+    f = predictive_samples(model, guide, data.x_test, args.samples)
     noise = cast(torch.Tensor, model.noise_scale).detach()
     return {
         "method": method,
         "split": split,
         "setting": setting,
         "fixed_noise": fixed_noise,
-        "best_step": step,
-        "val_ll": val_ll,
+        "best_step": keeper.best_step,
+        "val_ll": keeper.best_score,
         "rmse": rmse(f, data.y_test) * data.y_std,
         "test_ll": -(gaussian_mnll(f, noise, data.y_test) + math.log(data.y_std)),
         "noise_scale": float(noise) * data.y_std,
@@ -212,14 +204,11 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def write_report(rows: list[dict], args: argparse.Namespace) -> None:
-    """``vsd_uci_<dataset>.json`` (config, environment, rows, summary) and ``.md`` in ``args.out``."""
+    """``vsd_uci_<dataset>.json`` (meta: config, environment, summary; results: the rows), ``.csv`` and ``.md``."""
     splits = args.split_range
-    summary = summarize(rows, ("method",), ("rmse", "test_ll", "train_seconds"))
+    summary = summarize_by(rows, ("method",), ("rmse", "test_ll", "train_seconds"))
     name = args.data_dir.name
-    args.out.mkdir(parents=True, exist_ok=True)
-    record = {"config": {k: str(v) for k, v in vars(args).items()}, "environment": environment(), "rows": rows}
-    record["summary"] = summary
-    (args.out / f"vsd_uci_{name}.json").write_text(json.dumps(record, indent=2))
+    config = {k: str(v) for k, v in vars(args).items()}
     lines = [
         f"# {name}: splits {splits.start} to {splits.stop - 1}, 1x{args.hidden} ReLU, "
         f"up to {args.steps} full-batch steps; VSD from {'I-BLM' if args.init == 'iblm' else 'a prior draw'}; "
@@ -236,8 +225,10 @@ def write_report(rows: list[dict], args: argparse.Namespace) -> None:
             f"| {e['method']} | {e['test_ll']:.3f} ± {e['test_ll_se']:.3f} | {e['rmse']:.3f} ± {e['rmse_se']:.3f} | "
             f"{e['train_seconds']:.1f} |"
         )
-    (args.out / f"vsd_uci_{name}.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    text = "\n".join(lines)
+    meta = {"config": config, "environment": environment(), "summary": summary}
+    save_tables(args.out, f"vsd_uci_{name}", meta, rows, text)
+    print(text)
 
 
 def _one_thread() -> None:

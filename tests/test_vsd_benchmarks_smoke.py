@@ -28,11 +28,11 @@ def test_digits_benchmark(tmp_path):
     argv = ["--models", "mlp,cnn", "--seeds", "1", "--steps", "4", "--eval-every", "2", "--samples", "3"]
     _run("vsd_digits.py", [*argv, "--kl-weights", "0.01,0.1", "--dropouts", "0.2", "--out", str(tmp_path)])
     record = json.loads((tmp_path / "vsd_digits_mlp-cnn.json").read_text())
-    assert {(r["model"], r["method"]) for r in record["rows"]} == {
+    assert {(r["model"], r["method"]) for r in record["results"]} == {
         (m, k) for m in ("mlp", "cnn") for k in ("vsd", "mcd", "mfg")
     }
     test_size = len(load_digits_split(seed=0).y_test)
-    for r in record["rows"]:  # each method's own grid; the error is a count of test digits
+    for r in record["results"]:  # each method's own grid; the error is a count of test digits
         assert r["setting"] in ((0.2,) if r["method"] == "mcd" else (0.01, 0.1)), r
         assert r["error"] * test_size == pytest.approx(round(r["error"] * test_size), abs=1e-3), r  # float32
     assert (tmp_path / "vsd_digits_mlp-cnn.png").is_file()
@@ -42,8 +42,8 @@ def test_digits_benchmark_iblm_init(tmp_path):
     argv = ["--models", "mlp", "--seeds", "1", "--steps", "2", "--eval-every", "1", "--samples", "3", "--init", "iblm"]
     _run("vsd_digits.py", [*argv, "--kl-weights", "0.01", "--dropouts", "0.2", "--out", str(tmp_path)])
     record = json.loads((tmp_path / "vsd_digits_mlp.json").read_text())
-    assert record["config"]["init"] == "iblm"
-    assert {r["method"] for r in record["rows"]} == {"vsd", "mcd", "mfg"}
+    assert record["meta"]["config"]["init"] == "iblm"
+    assert {r["method"] for r in record["results"]} == {"vsd", "mcd", "mfg"}
 
 
 def test_uci_benchmark(tmp_path):
@@ -53,8 +53,8 @@ def test_uci_benchmark(tmp_path):
     argv += ["--init", "prior", "--noise-scales", ""]  # learned noise
     _run("vsd_uci.py", [*argv, "--samples", "3", "--val-samples", "3", "--out", str(tmp_path)])
     record = json.loads((tmp_path / "vsd_uci_toyuci.json").read_text())
-    assert [r["method"] for r in record["summary"]] == ["vsd", "mcd"]
-    assert all(r["fixed_noise"] is None for r in record["rows"])
+    assert [r["method"] for r in record["meta"]["summary"]] == ["vsd", "mcd"]
+    assert all(r["fixed_noise"] is None for r in record["results"])
     report = (tmp_path / "vsd_uci_toyuci.md").read_text()
     assert "test log-likelihood" in report and "VSD from a prior draw" in report
 
@@ -68,18 +68,18 @@ def test_uci_benchmark_defaults_iblm_and_fixed_noise_grid(tmp_path):
     argv += ["--kl-weights", "0.1", "--dropouts", "0.05", "--samples", "3", "--val-samples", "3"]
     _run("vsd_uci.py", [*argv, "--jobs", "2", "--out", str(tmp_path / "both")])
     record = json.loads((tmp_path / "both" / "vsd_uci_toyuci.json").read_text())
-    assert record["config"]["init"] == "iblm"
+    assert record["meta"]["config"]["init"] == "iblm"
     grid = (0.15, 0.2, 0.25, 0.3, 0.4)
-    y_std = float(record["rows"][0]["noise_scale"]) / float(record["rows"][0]["fixed_noise"])
-    for row in record["rows"]:
+    y_std = float(record["results"][0]["noise_scale"]) / float(record["results"][0]["fixed_noise"])
+    for row in record["results"]:
         assert row["fixed_noise"] in grid
         assert abs(row["noise_scale"] - row["fixed_noise"] * y_std) < 1e-9 * y_std  # held fixed: not trained
     report = (tmp_path / "both" / "vsd_uci_toyuci.md").read_text()
     assert f"fixed noise std from {list(grid)}" in report and "VSD from I-BLM" in report
     for method in ("vsd", "mcd"):
         _run("vsd_uci.py", [*argv, "--methods", method, "--out", str(tmp_path / method)])
-        alone = json.loads((tmp_path / method / "vsd_uci_toyuci.json").read_text())["rows"]
-        together = [row for row in record["rows"] if row["method"] == method]
+        alone = json.loads((tmp_path / method / "vsd_uci_toyuci.json").read_text())["results"]
+        together = [row for row in record["results"] if row["method"] == method]
         for row in (*alone, *together):
             del row["train_seconds"]
         assert alone == together
@@ -94,7 +94,7 @@ def test_uci_benchmark_vsd_noise_placement(tmp_path):
         import sys
         sys.path.insert(0, {str(benchmarks)!r})
         import vsd_uci
-        from _selection import holdout
+        from pyro_whvi.experiments.selection import holdout
         from pyro_whvi.data import load_uci_split
         for extra in ([], ["--vsd-hidden-only"]):
             argv = ["--data-dir", {str(data)!r}, "--steps", "2", "--eval-every", "1", "--val-samples", "2", *extra]
@@ -119,18 +119,18 @@ def test_uci_benchmark_minibatches_cover_each_epoch(tmp_path):
     benchmarks = ROOT / "benchmarks"
     script = f"""
         import sys
-        import pyro.infer
+        import pyro.infer.elbo
         import torch
         sys.path.insert(0, {str(benchmarks)!r})
         import vsd_uci
-        from _selection import holdout
+        from pyro_whvi.experiments.selection import holdout
         from pyro_whvi.data import load_uci_split
         seen = []
-        original_step = pyro.infer.SVI.step
-        def recording_step(self, x, y, **kwargs):
+        original_forward = pyro.infer.elbo.ELBOModule.forward
+        def recording_forward(self, x, y, **kwargs):
             seen.append((x.clone(), kwargs.get("num_data")))
-            return original_step(self, x, y, **kwargs)
-        pyro.infer.SVI.step = recording_step
+            return original_forward(self, x, y, **kwargs)
+        pyro.infer.elbo.ELBOModule.forward = recording_forward
         argv = ["--data-dir", {str(data)!r}, "--batch-size", "7", "--steps", "12", "--eval-every", "6"]
         args = vsd_uci.parse_args([*argv, "--val-samples", "2"])
         split = load_uci_split(args.data_dir, 0)

@@ -25,6 +25,13 @@ in every rank of a ``torch.distributed`` group (:mod:`pyro_whvi.experiments.dist
 * **Checkpoints** (:class:`Checkpoint`): every ``every`` steps rank 0 writes, atomically, the parameters,
   Adam's state, the schedule, the sampler and every rank's random state; a run that finds a
   checkpoint with its key resumes from it and ends exactly where an uninterrupted run ends.
+* **Validation and early stopping**: ``callback(step)`` runs after every step;
+  :class:`~pyro_whvi.experiments.selection.KeepBest` scores the model every few steps and keeps its best state.
+* **KL weight**: ``train(..., kl_weight=lambda)`` optimizes the tempered ELBO of
+  :class:`~pyro_whvi.infer.KLAnnealing` (VSD paper App. I.1).
+* **Parameters made by the first step**: with ``warm_up=False`` (one process, no checkpoint) the optimizer is
+  built after the first step's forward pass, as Pyro's ``SVI`` builds its optimizers, so the run draws
+  exactly the random numbers a plain ``SVI`` loop draws.
 
 References:
     WHVI paper (Rossi et al., NeurIPS 2020), App. D.1 (schedule, fixed noise phase).
@@ -34,49 +41,23 @@ References:
 from __future__ import annotations
 
 import contextlib
-import io
-import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from pathlib import Path
 
 import pyro
 import torch
-import torch.distributed as dist
 from pyro.infer import Trace_ELBO
 from torch import Tensor
 from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
-from ..infer import example_seeds
+from ..infer import KLAnnealing, example_seeds
 from . import distributed
-from .reporting import write_atomic
+from .checkpoints import Checkpoint, read_checkpoint, restore_rng_state, save_checkpoint
 from .schedule import Minibatches, Schedule, shard_size
 
 __all__ = ["NOISE_MODES", "Checkpoint", "Minibatches", "Schedule", "optimize", "shard_size", "train"]
 
 NOISE_MODES = ("per_rank", "per_example")
-_CHECKPOINT_FORMAT = 2  # 2: the sampler's state replaces the batch generator's
-
-
-@dataclass(frozen=True)
-class Checkpoint:
-    """Where and how often :func:`train` saves its state, and the key a saved state must carry to be resumed.
-
-    :param path: the checkpoint file (written by rank 0; every rank reads it, so multi-machine runs need
-        a shared folder).
-    :param every: steps between checkpoints (the last step writes none: the caller stores the result).
-    :param key: what identifies the run (e.g. a hash of its settings and data); a file with another key,
-        another number of processes or another noise mode is ignored with a warning.
-    """
-
-    path: Path
-    every: int = 1000
-    key: str = ""
-
-    def __post_init__(self) -> None:
-        if self.every < 1:
-            raise ValueError(f"Checkpoint: every >= 1 step expected, got {self.every}.")
 
 
 def _noise_parameter(model) -> torch.nn.Parameter | None:
@@ -91,39 +72,17 @@ def _noise_scope(noise: str, seeds: range):
     return example_seeds(seeds) if noise == "per_example" else contextlib.nullcontext()
 
 
-def _rng_state(device: torch.device) -> dict[str, Tensor]:
-    state = {"cpu": torch.get_rng_state()}
-    if device.type == "cuda":
-        state["cuda"] = torch.cuda.get_rng_state(device)
-    return state
+class _AnnealedLoss(torch.nn.Module):
+    """A loss module evaluated with every latent site's log density scaled by a :class:`KLAnnealing` factor."""
 
+    def __init__(self, loss: torch.nn.Module, annealing: KLAnnealing):
+        super().__init__()
+        self.loss = loss
+        self.annealing = annealing
 
-def _set_rng_state(state: dict[str, Tensor], device: torch.device) -> None:
-    torch.set_rng_state(state["cpu"])
-    if "cuda" in state:
-        torch.cuda.set_rng_state(state["cuda"], device)
-
-
-def _read_checkpoint(checkpoint: Checkpoint, world: int, noise: str) -> dict | None:
-    path = checkpoint.path
-    if not path.exists():
-        return None
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as error:  # truncated by hand, another format: start again rather than fail
-        warnings.warn(f"{path} is unreadable ({error}); training from the start", stacklevel=3)
-        return None
-    saved = (state.get("key"), state.get("world_size"), state.get("noise"))
-    if state.get("format") != _CHECKPOINT_FORMAT:
-        saved = ("an older checkpoint format", *saved[1:])
-    if saved != (checkpoint.key, world, noise):
-        warnings.warn(
-            f"{path} belongs to another run (key, processes, noise {saved} instead of "
-            f"{(checkpoint.key, world, noise)}); training from the start",
-            stacklevel=3,
-        )
-        return None
-    return state
+    def forward(self, *args, **kwargs) -> Tensor:
+        with self.annealing.scope():
+            return self.loss(*args, **kwargs)
 
 
 def train(
@@ -134,7 +93,11 @@ def train(
     schedule: Schedule = Schedule(),
     *,
     seed: int = 0,
+    kl_weight: float = 1.0,
     initialize: Callable[[], None] | None = None,
+    warm_up: bool = True,
+    sampler: Minibatches | None = None,
+    callback: Callable[[int], None] | None = None,
     progress: bool | str = True,
     checkpoint: Checkpoint | None = None,
     noise: str = "per_rank",
@@ -146,29 +109,40 @@ def train(
     Gaussian model's learned ``noise_scale`` is held for ``schedule.fixed_noise_steps``.
 
     :param seed: seeds the minibatches (and, data-parallel, each rank's noise).
+    :param kl_weight: :math:`\\lambda` of the tempered ELBO (:class:`~pyro_whvi.infer.KLAnnealing`); 1 is the ELBO.
     :param initialize: called before the warm-up unless a checkpoint is resumed (e.g. I-BLM).
+    :param warm_up: create the guide's parameters by one call on the first shard before training (needed
+        data-parallel and for checkpoints); ``False``: the first step creates them (see :func:`optimize`).
+    :param sampler: the minibatches (default: :class:`Minibatches` with replacement, seeded by ``seed``).
+    :param callback: called with the number of steps done after every step (e.g.
+        :class:`~pyro_whvi.experiments.selection.KeepBest`).
     :param progress: show a progress bar on rank 0 (a string is its label).
     :param checkpoint: save and resume here (see :class:`Checkpoint`).
     :param noise: ``"per_rank"`` or ``"per_example"`` (see the module docstring).
     :returns: this rank's loss (negative ELBO estimate) at every step, resumed steps included.
     """
 
-    def warm_up(x_shard: Tensor, y_shard: Tensor, **scaled) -> None:
+    def call_guide(x_shard: Tensor, y_shard: Tensor, **scaled) -> None:
         # Create the guide's parameters before the optimizer and DDP see them ("per_example": seeded draws
         # leave the global random stream as a run with another number of processes leaves it).
         with torch.no_grad(), pyro.validation_enabled(False):
             guide(x_shard, y_shard, **scaled)
 
+    loss: torch.nn.Module = Trace_ELBO()(model, guide)
+    if kl_weight != 1.0:
+        loss = _AnnealedLoss(loss, KLAnnealing(kl_weight))
     with pyro.validation_enabled(False):
         return optimize(
-            Trace_ELBO()(model, guide),
+            loss,
             x,
             y,
             schedule,
             seed=seed,
             held=lambda: [p for p in [_noise_parameter(model)] if p is not None],
             initialize=initialize,
-            warm_up=warm_up,
+            warm_up=call_guide if warm_up else None,
+            sampler=sampler,
+            callback=callback,
             progress=progress,
             checkpoint=checkpoint,
             noise=noise,
@@ -185,7 +159,8 @@ def optimize(
     held: Callable[[], Sequence[torch.nn.Parameter]] = list,
     initialize: Callable[[], None] | None = None,
     warm_up: Callable[..., None] | None = None,
-    replacement: bool = True,
+    sampler: Minibatches | None = None,
+    callback: Callable[[int], None] | None = None,
     progress: bool | str = True,
     checkpoint: Checkpoint | None = None,
     noise: str = "per_rank",
@@ -193,11 +168,14 @@ def optimize(
     """Minimize ``objective(x_batch, y_batch, num_data=N)`` with Adam under ``schedule`` (``num_data`` only
     when the batch is a minibatch), in one process or in every rank of a process group.
 
-    :param held: the parameters held during ``schedule.fixed_noise_steps`` (called after the warm-up).
+    :param held: the parameters held during ``schedule.fixed_noise_steps`` (called when the optimizer is built).
     :param initialize: called first, unless a checkpoint is resumed.
     :param warm_up: called with this rank's first shard (and ``num_data``) to create lazily made parameters
-        before the optimizer and DDP see them.
-    :param replacement: minibatches with replacement (:class:`Minibatches`); otherwise epochs of a permutation.
+        before the optimizer and DDP see them. Without it (one process, no checkpoint) the optimizer is built
+        after the first step's forward pass, from the parameters that pass created, as Pyro's ``SVI`` does.
+    :param sampler: the minibatches (default ``Minibatches(N, schedule.batch_size, seed)``: with replacement);
+        its ``num_data`` and ``batch_size`` must be the data's and the schedule's.
+    :param callback: called with the number of steps done (``1 .. schedule.steps``) after every step.
     :returns: this rank's loss at every step, resumed steps included.
     """
     if x.shape[0] != y.shape[0]:
@@ -205,10 +183,22 @@ def optimize(
     if noise not in NOISE_MODES:
         raise ValueError(f"train: noise must be one of {NOISE_MODES}, got {noise!r}")
     world, rank = distributed.world_size(), distributed.rank()
+    if warm_up is None and (world > 1 or checkpoint is not None):
+        raise ValueError(
+            "train: data-parallel training and checkpoints need the parameters before the first step: pass "
+            "warm_up (train(..., warm_up=True)), or train in one process without a checkpoint."
+        )
     num_data = x.shape[0]
-    sampler = Minibatches(num_data, schedule.batch_size, seed, replacement=replacement)
+    sampler = sampler if sampler is not None else Minibatches(num_data, schedule.batch_size, seed)
+    expected = min(schedule.batch_size or num_data, num_data)
+    if (sampler.num_data, sampler.batch_size) != (num_data, expected):
+        raise ValueError(
+            f"train: the sampler draws batches of {sampler.batch_size} from {sampler.num_data} examples, but the data "
+            f"has {num_data} rows and the schedule's batch is {expected}: build Minibatches(len(x), "
+            "schedule.batch_size, ...)."
+        )
     local = shard_size(sampler.batch_size, world)
-    state = _read_checkpoint(checkpoint, world, noise) if checkpoint is not None else None
+    state = read_checkpoint(checkpoint, world, noise) if checkpoint is not None else None
     if state is None and initialize is not None:
         initialize()
     scaled = {} if sampler.full_batch else {"num_data": num_data}
@@ -216,25 +206,34 @@ def optimize(
         with _noise_scope(noise, range(local)):
             warm_up(x[:local], y[:local], **scaled)
 
-    held_parameters = list(held())
-    held_ids = {id(p) for p in held_parameters}
-    others = [p for p in objective.parameters() if id(p) not in held_ids and p.requires_grad]
-    groups: list[dict] = [{"params": others}]
-    factors: list[Callable[[int], float]] = [schedule.lr_factor]
-    if held_parameters:
-        fixed = schedule.fixed_noise_steps
-        groups.append({"params": held_parameters})
-        factors.append(lambda step: schedule.lr_factor(step - fixed))
-    optimizer = torch.optim.Adam(groups, lr=schedule.lr)
-    lr_schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, factors)
+    held_parameters: list[torch.nn.Parameter] = []
+    optimizer: torch.optim.Adam | None = None
+    lr_schedule: torch.optim.lr_scheduler.LambdaLR | None = None
+
+    def build_optimizer() -> tuple[torch.optim.Adam, torch.optim.lr_scheduler.LambdaLR]:
+        held_parameters.extend(held())
+        held_ids = {id(p) for p in held_parameters}
+        others = [p for p in objective.parameters() if id(p) not in held_ids and p.requires_grad]
+        groups: list[dict] = [{"params": others}]
+        factors: list[Callable[[int], float]] = [schedule.lr_factor]
+        if held_parameters:
+            fixed = schedule.fixed_noise_steps
+            groups.append({"params": held_parameters})
+            factors.append(lambda step: schedule.lr_factor(step - fixed))
+        adam = torch.optim.Adam(groups, lr=schedule.lr)
+        return adam, torch.optim.lr_scheduler.LambdaLR(adam, factors)
+
+    if warm_up is not None:
+        optimizer, lr_schedule = build_optimizer()
     losses: list[float] = []
     start = 0
     if state is not None:
+        assert optimizer is not None and lr_schedule is not None
         objective.load_state_dict(state["objective"])
         optimizer.load_state_dict(state["optimizer"])
         lr_schedule.load_state_dict(state["lr_schedule"])
         sampler.load_state_dict(state["sampler"])
-        _set_rng_state(state["rng"][rank], x.device)
+        restore_rng_state(state["rng"][rank], x.device)
         losses, start = list(state["losses"]), int(state["step"])
     elif world > 1 and noise == "per_rank":
         pyro.set_rng_seed((seed + 7919 * (rank + 1)) % 2**32)
@@ -246,7 +245,6 @@ def optimize(
         step_loss = DistributedDataParallel(
             objective, device_ids=device_ids, broadcast_buffers=False, gradient_as_bucket_view=True
         )
-    fixed_phase = schedule.fixed_noise_steps if held_parameters else 0
     label = progress if isinstance(progress, str) else "training"
     hidden = not progress or rank != 0
     steps = range(start, schedule.steps)
@@ -258,12 +256,16 @@ def optimize(
         else:
             index = index[rank * local : (rank + 1) * local].to(x.device)
             x_batch, y_batch = x[index], y[index]
-        optimizer.zero_grad(set_to_none=True)
+        if optimizer is not None:
+            optimizer.zero_grad(set_to_none=True)
         first = (seed * 1_000_003 + step) * 2**24 + rank * local  # the shard's positions in the global batch
         with _noise_scope(noise, range(first, first + local)):
             loss = step_loss(x_batch, y_batch, **scaled)
+        if optimizer is None:  # the first forward pass has created the parameters
+            optimizer, lr_schedule = build_optimizer()
+        assert lr_schedule is not None
         loss.backward()
-        if step < fixed_phase:
+        if step < schedule.fixed_noise_steps:
             for parameter in held_parameters:
                 parameter.grad = None
         optimizer.step()
@@ -271,29 +273,7 @@ def optimize(
         losses.append(float(loss.detach()))
         if checkpoint is not None and (step + 1) % checkpoint.every == 0 and step + 1 < schedule.steps:
             stateful = {"objective": objective, "optimizer": optimizer, "lr_schedule": lr_schedule, "sampler": sampler}
-            _save(checkpoint, stateful, losses, step + 1, world, rank, noise, x.device)
+            save_checkpoint(checkpoint, stateful, losses, step + 1, world, rank, noise, x.device)
+        if callback is not None:
+            callback(step + 1)
     return losses
-
-
-def _save(checkpoint, stateful: dict, losses, step, world, rank, noise, device) -> None:
-    """Gather every rank's random state and let rank 0 write the checkpoint atomically."""
-    rng = [_rng_state(device)]
-    if world > 1:
-        gathered: list = [None] * world
-        dist.all_gather_object(gathered, rng[0])
-        rng = gathered
-    if rank != 0:
-        return
-    state = {
-        "format": _CHECKPOINT_FORMAT,
-        "key": checkpoint.key,
-        "world_size": world,
-        "noise": noise,
-        "step": step,
-        **{name: part.state_dict() for name, part in stateful.items()},
-        "rng": rng,
-        "losses": losses,
-    }
-    buffer = io.BytesIO()
-    torch.save(state, buffer)
-    write_atomic(checkpoint.path, buffer.getvalue())

@@ -28,7 +28,7 @@ from torch import Tensor
 
 from ..gp import RandomFeatureGP, RandomFeatureKernel
 from ..gp.random_feature_gp import check_regression_data
-from .engine import Schedule, optimize
+from .engine import Minibatches, Schedule, optimize
 
 __all__ = [
     "GP_SCHEDULE",
@@ -123,7 +123,7 @@ class TorchGPRegressor(GPRegressor, torch.nn.Module):
             schedule,
             seed=seed,
             held=self.noise_parameters,
-            replacement=False,
+            sampler=Minibatches(len(x), schedule.batch_size, seed, replacement=False),
             progress=f"fit {self.name}" if progress else False,
         )
         seconds = time.perf_counter() - start

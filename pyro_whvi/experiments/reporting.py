@@ -14,7 +14,9 @@ from typing import Any
 
 from torch import Tensor
 
-__all__ = ["check_writable", "draw_reliability", "save_tables", "write_atomic"]
+from ..metrics import mean_and_standard_error
+
+__all__ = ["check_writable", "draw_reliability", "save_tables", "summarize_by", "write_atomic"]
 
 
 def write_atomic(path: Path, data: str | bytes) -> None:
@@ -58,6 +60,21 @@ def save_tables(out: Path, stem: str, meta: dict[str, Any], rows: list[dict[str,
     writer.writerows(rows)
     write_atomic(out / f"{stem}.csv", table.getvalue())
     write_atomic(out / f"{stem}.md", text + "\n")
+
+
+def summarize_by(rows: list[dict[str, Any]], keys: tuple[str, ...], metrics: tuple[str, ...]) -> list[dict[str, Any]]:
+    """Mean and standard error of ``metrics`` over the rows sharing the values of ``keys`` (first-seen order),
+    with the number of rows as ``runs``."""
+    groups: dict[tuple, list[dict[str, Any]]] = {}
+    for row in rows:
+        groups.setdefault(tuple(row[k] for k in keys), []).append(row)
+    summary = []
+    for group_key, mine in groups.items():
+        entry: dict[str, Any] = dict(zip(keys, group_key)) | {"runs": len(mine)}
+        for metric in metrics:
+            entry[metric], entry[metric + "_se"] = mean_and_standard_error(r[metric] for r in mine)
+        summary.append(entry)
+    return summary
 
 
 def draw_reliability(ax: Any, confidence: Tensor, accuracy: Tensor, count: Tensor, title: str) -> None:

@@ -48,7 +48,8 @@ class Minibatches:
     """The one minibatch sampler: endless global batches of indices into ``num_data`` examples.
 
     :param batch_size: indices per batch (``None`` or ``>= num_data``: every draw is ``None``, the full data).
-    :param seed: seeds the sampler's own generator (the global random state is left alone).
+    :param seed: seeds the sampler's own generator (the global random state is left alone); ``None`` draws
+        from the global random stream instead, as a plain loop calling ``torch.randint`` does.
     :param replacement: draw each batch with replacement (the WHVI paper's schedule); otherwise shuffle once
         per epoch and cut the permutation into consecutive batches.
     :param drop_last: without replacement, skip an epoch's last, smaller batch (``False``: every epoch
@@ -56,7 +57,13 @@ class Minibatches:
     """
 
     def __init__(
-        self, num_data: int, batch_size: int | None, seed: int = 0, *, replacement: bool = True, drop_last: bool = True
+        self,
+        num_data: int,
+        batch_size: int | None,
+        seed: int | None = 0,
+        *,
+        replacement: bool = True,
+        drop_last: bool = True,
     ):
         if num_data < 1 or (batch_size is not None and batch_size < 1):
             raise ValueError(f"Minibatches: num_data >= 1 and batch_size >= 1 expected, got {num_data}, {batch_size}.")
@@ -64,7 +71,7 @@ class Minibatches:
         self.batch_size = min(batch_size or num_data, num_data)
         self.replacement = replacement
         self.drop_last = drop_last
-        self.generator = torch.Generator().manual_seed(seed)
+        self.generator = torch.Generator().manual_seed(seed) if seed is not None else None
         self._order: Tensor | None = None
         self._position = 0
 
@@ -88,10 +95,12 @@ class Minibatches:
         return batch
 
     def state_dict(self) -> dict:
-        return {"generator": self.generator.get_state(), "order": self._order, "position": self._position}
+        generator = self.generator.get_state() if self.generator is not None else None
+        return {"generator": generator, "order": self._order, "position": self._position}
 
     def load_state_dict(self, state: dict) -> None:
-        self.generator.set_state(state["generator"])
+        if self.generator is not None:
+            self.generator.set_state(state["generator"])
         self._order, self._position = state["order"], int(state["position"])
 
 

@@ -11,6 +11,8 @@ so Monte-Carlo and analytic KLs both) is scaled by ``annealing.factor``, observa
         annealing.factor = min(1.0, 0.1 + step / warmup)   # any schedule
         svi.step(x, y)
 
+or scale a whole loss evaluation, e.g. Pyro's ``ELBOModule``: ``with annealing.scope(): loss = elbo(x, y)``.
+
 ``lambda < 1`` is a tempered posterior (``p(D|W)^{1/lambda}``, App. I.1); with ``lambda = 1`` the
 ELBO is unchanged.
 
@@ -60,6 +62,11 @@ class KLAnnealing:
     def __call__(self, fn: Callable) -> Callable:
         """``fn`` (a model or a guide) with its latent sites' log densities scaled by ``factor``."""
         return _ScaleLatents(self)(fn)
+
+    def scope(self) -> Messenger:
+        """A context in which every latent site's log density is scaled by ``factor``: around a whole ELBO
+        evaluation (``with annealing.scope(): loss = elbo(x, y)``) it weights the model's and the guide's alike."""
+        return _ScaleLatents(self)
 
     def __repr__(self) -> str:
         return f"KLAnnealing(factor={self.factor})"
