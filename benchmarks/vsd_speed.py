@@ -32,6 +32,7 @@ from _results import environment, save_tables
 
 from pyro_whvi import AutoVSDGuide
 from pyro_whvi.data import load_digits_split
+from pyro_whvi.experiments.engine import Minibatches
 from pyro_whvi.nn import BayesianCNN, BayesianMLP
 
 METHODS = {
@@ -58,13 +59,14 @@ def epoch_timer(network: str, method: str, data, batch_size: int):
     store.set_state(state)
     svi = SVI(model, guide, PyroOptim(torch.optim.Adam, {"lr": 1e-3}), Trace_ELBO())
     num = len(data.y_train)
+    batches = Minibatches(num, batch_size, seed=None, replacement=False, drop_last=False)
+    per_epoch = -(-num // batch_size)
 
     def run_epoch() -> float:
         store.set_state(state)
-        order = torch.randperm(num)
         start = time.perf_counter()
-        for begin in range(0, num, batch_size):
-            batch = order[begin : begin + batch_size]
+        for _ in range(per_epoch):
+            batch = next(batches)
             svi.step(data.x_train[batch], data.y_train[batch], num_data=num)
         seconds = time.perf_counter() - start
         state.update(store.get_state())
