@@ -268,3 +268,24 @@ def test_dataset_named_after_the_resolved_folder(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path / "toy")
     run_uci(Path("."), _tiny(), tmp_path / "out")
     assert (tmp_path / "out" / "uci_toy.md").is_file() and (tmp_path / "out" / "runs" / "toy").is_dir()
+
+
+def test_command_reads_each_split_once_before_training(tmp_path, monkeypatch):
+    """``whvi uci`` validates the folder once (it used to load every split twice before training)."""
+    import pyro_whvi.experiments.uci as uci
+    import pyro_whvi.experiments.uci_data as uci_data
+
+    write_uci(tmp_path / "toy", rows=40, features=3, splits=2)
+    loaded: list[int] = []
+    original = uci_data.load_uci_split
+
+    def counting(folder, split, *args, **kwargs):
+        loaded.append(split)
+        return original(folder, split, *args, **kwargs)
+
+    monkeypatch.setattr(uci_data, "load_uci_split", counting)
+    argv = ["uci", "--data-dir", str(tmp_path / "toy"), "--splits", "0,1", "--methods", "mfg", "--steps", "2"]
+    assert main([*argv, "--fixed-noise-steps", "0", "--samples", "2", "--out", str(tmp_path / "out")]) == 0
+    # once by the check before training, once by the training of each split
+    assert sorted(loaded) == [0, 0, 1, 1], loaded
+    assert uci.check_source is uci_data.check_source

@@ -24,11 +24,10 @@ References:
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -37,14 +36,13 @@ import pyro
 import torch.distributed as dist
 from tqdm.auto import tqdm
 
-from ..metrics import (
-    reliability_diagram,
-)
+from ..metrics import reliability_diagram
 from . import distributed
-from .engine import Checkpoint, shard_size
-from .methods import MethodSpec, Schedule, build_method, fit, parse_method, predictive_samples
+from .engine import Checkpoint
+from .methods import MethodSpec, build_method, fit, parse_method, predictive_samples
 from .noisy_sets import NOISE_FILE, noise_floor, read_noise_std
 from .reporting import check_writable, save_tables, write_atomic
+from .uci_config import ENGINE_VERSION, UCIConfig
 from .uci_data import (
     BUNDLED_DATASETS,
     UCIData,
@@ -59,6 +57,7 @@ from .uci_report import evaluate, plot_reliability, summarize, summary_table, wi
 
 __all__ = [
     "BUNDLED_DATASETS",
+    "ENGINE_VERSION",
     "TrainedSplit",
     "UCIConfig",
     "UCIData",
@@ -72,63 +71,6 @@ __all__ = [
     "summarize",
     "train_split",
 ]
-
-# Bumped when a method's construction changes, so that its stored splits are trained again.
-_VERSIONS = {name: 2 for name in ("whvi", "nf-whvi", "whvi+iblm", "nf-whvi+iblm")}
-# Bumped when the training loop changes every method's numbers. 2: pyro_whvi.experiments.engine (the noise scale's
-# Adam state no longer starts from the gradient summed over the fixed-noise phase).
-ENGINE_VERSION = 2
-_NOT_FINGERPRINTED = ("methods", "splits", "checkpoint_every", "progress")
-
-
-@dataclass(frozen=True)
-class UCIConfig:
-    """Settings of :func:`run_uci`; all but ``methods``, ``splits``, ``checkpoint_every`` and ``progress``
-    enter the fingerprint (``nproc`` does: each process draws its own noise, so the number of processes
-    is part of what makes a seeded run's numbers)."""
-
-    methods: tuple[str, ...] = ("mfg", "mcd", "whvi")
-    splits: tuple[int, ...] = (0, 1, 2, 3, 4)
-    schedule: Schedule = field(default_factory=Schedule)
-    hidden: int = 128
-    layers: int = 2
-    samples: int = 64
-    noise_scale: float = 0.1
-    dropout: float = 0.005
-    flows: int = 3
-    reflections: int = 1
-    seed: int = 0
-    nproc: int = 1
-    checkpoint_every: int = 1000
-    progress: bool = True
-
-    def __post_init__(self) -> None:
-        for method in self.methods:
-            parse_method(method)
-        if not self.methods or not self.splits or min(self.splits) < 0:
-            raise ValueError(f"UCIConfig: at least one method and non-negative splits expected, got {self}.")
-        if self.hidden < 1 or self.layers < 0 or self.samples < 2 or self.noise_scale <= 0:
-            raise ValueError("UCIConfig: hidden >= 1, layers >= 0, samples >= 2 and noise_scale > 0 expected.")
-        if not 0.0 < self.dropout < 1.0 or self.flows < 1 or self.reflections < 0:
-            raise ValueError("UCIConfig: dropout in (0, 1), flows >= 1 and reflections >= 0 expected.")
-        if self.nproc < 1 or self.checkpoint_every < 0:
-            raise ValueError("UCIConfig: nproc >= 1 and checkpoint_every >= 0 (0: no checkpoints) expected.")
-        if self.schedule.batch_size is not None:
-            shard_size(self.schedule.batch_size, self.nproc)
-        if not 0 <= self.seed + max(self.splits) < 2**32:  # each split is seeded with seed + split
-            raise ValueError(f"UCIConfig: seed + split must be in [0, 2**32) (numpy's seeds), got seed {self.seed}.")
-
-    def fingerprint(self, method: str, data: str = "") -> str:
-        """A short hash of everything that changes the result of ``method`` on one split: the settings
-        and ``data``, a key of the split's data (:func:`data_key`)."""
-        settings = {k: v for k, v in asdict(self).items() if k not in _NOT_FINGERPRINTED}
-        version = {"version": _VERSIONS.get(method, 1), "engine": ENGINE_VERSION}
-        text = json.dumps(
-            {"method": method, **settings, **version, "data": data},
-            sort_keys=True,
-            default=str,
-        )
-        return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 @dataclass
@@ -230,6 +172,7 @@ def run_uci(
     port: int | None = None,
     timeout: timedelta = distributed.DEFAULT_TIMEOUT,
     threads: int | None = None,
+    check: bool = True,
 ) -> tuple[list[dict[str, Any]], str]:
     """Run every (method, split) of ``config`` not already finished in ``out``; write and return the summary.
 
@@ -243,11 +186,14 @@ def run_uci(
     :param port: the rendezvous port of the processes started here (default: a free one).
     :param timeout: how long any collective may wait for the other processes.
     :param threads: torch threads of each process started here (default: the cores shared out).
+    :param check: validate ``source`` and ``out`` first (:func:`check_source`, :func:`check_writable`);
+        ``False`` when the caller just did (``whvi uci`` reports their errors as usage errors).
     :returns: the summary rows and the markdown table (on rank 0; ``([], "")`` on the others).
     :raises OSError: before any training, if ``out`` is not a folder that can be written to.
     """
-    check_source(source, config.splits)
-    check_writable(out)
+    if check:
+        check_source(source, config.splits)
+        check_writable(out)
     if config.nproc > 1 and distributed.world_size() == 1:
         return distributed.launch(
             _run_jobs, config.nproc, source, config, out, port=port, timeout=timeout, threads=threads

@@ -180,7 +180,9 @@ def run_uci_command(args: argparse.Namespace) -> int:
     with warnings.catch_warnings():
         warnings.showwarning = _one_line_warning
         try:
-            _, text = run_uci(source, config, args.out, port=args.master_port, timeout=timeout, threads=args.threads)
+            _, text = run_uci(
+                source, config, args.out, port=args.master_port, timeout=timeout, threads=args.threads, check=False
+            )
         except RuntimeError as error:  # a process failed or died: one line, the others are stopped
             if config.nproc == 1:
                 raise
