@@ -17,6 +17,8 @@ import argparse
 import json
 from pathlib import Path
 
+from pyro_whvi.experiments.reporting import write_atomic
+
 # WHVI paper, Table 3 (2 x 128 ReLU): dataset -> method -> (RMSE mean, std, MNLL mean, std)
 PAPER_TABLE_3 = {
     "bostonHousing": {
@@ -130,7 +132,7 @@ def main(argv: list[str] | None = None) -> None:
     out = args.out or folders[0]
     out.mkdir(parents=True, exist_ok=True)
     text, summaries = table(folders, [d for d in args.datasets.split(",") if d])
-    (out / "uci_summary.md").write_text(text + "\n")
+    write_atomic(out / "uci_summary.md", text + "\n")
     plot(summaries, out / "uci_summary.png")
     print(text)
     print(f"\nwrote {out / 'uci_summary.md'} and {out / 'uci_summary.png'}")
