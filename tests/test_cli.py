@@ -30,6 +30,22 @@ def test_demo_writes_its_table_and_plots(tmp_path):
         assert any(all(cell in line for cell in cells) for line in table.splitlines()), (metrics, table)
     assert (out / "demo_toy_bands.png").is_file() and (out / "demo_reliability.png").is_file()
     assert "| WHVI |" in (out / "demo_results.md").read_text() and "| WHVI |" in result.stdout
+    # Each method's digits KL weight is the candidate with the lowest validation NLL.
+    assert all(metrics["digits_kl_weight"] in (1.0, 0.1, 0.01) for metrics in record.values())
+
+
+@pytest.mark.slow
+def test_demo_numbers_do_not_depend_on_the_number_of_processes(tmp_path):
+    """Every run is seeded on its own and trains in one thread: one process and two give the same table."""
+    tables = {}
+    for jobs in ("1", "2"):
+        out = tmp_path / jobs
+        argv = ("demo", "--out", str(out), "--methods", "whvi,mcd", "--toy-steps", "15", "--digits-steps", "15")
+        result = _whvi(*argv, "--samples", "4", "--jobs", jobs)
+        assert result.returncode == 0, result.stderr[-3000:]
+        rows = json.loads((out / "demo_results.json").read_text())["results"]
+        tables[jobs] = [{k: v for k, v in row.items() if not k.endswith("seconds")} for row in rows]
+    assert tables["1"] == tables["2"]
 
 
 @pytest.mark.slow

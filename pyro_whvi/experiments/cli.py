@@ -1,6 +1,6 @@
 """The ``whvi`` command line (also ``python -m pyro_whvi``).
 
-    whvi demo [--out DIR] [--methods whvi,nf-whvi,mfg,mcd] [--toy-steps N] [--digits-steps N]
+    whvi demo [--out DIR] [--methods whvi,nf-whvi,mfg,mcd] [--toy-steps N] [--digits-steps N] [--jobs N]
     whvi uci [--data-dir DIR | --dataset diabetes] [--methods mfg,mcd,whvi] [--splits 0-4] [--steps N] ...
     whvi gp [--quick] [--functions ...] [--methods rf,rf-whvi,svgp-gpytorch,svgp-gpflow] [--out DIR]
     whvi bench [fwht,svi,vsd,gp] [--quick] [--out DIR]
@@ -47,6 +47,9 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--digits-steps", type=positive, default=DemoConfig.digits_steps, help="SVI steps on digits")
     demo.add_argument("--samples", type=positive, default=DemoConfig.samples, help="posterior samples to predict")
     demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument(
+        "--jobs", type=positive, default=None, help="worker processes, one thread each (default: one per core)"
+    )
     add_uci_command(commands)
     gp = commands.add_parser(
         "gp",
@@ -208,6 +211,7 @@ def main(argv: list[str] | None = None) -> int:
             digits_steps=args.digits_steps,
             samples=max(2, args.samples),
             seed=args.seed,
+            jobs=args.jobs or 0,
         )
         try:
             run_demo(args.out, config)
