@@ -14,10 +14,10 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 install: $(BIN)/python
-	$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)" -e ".[bench]"
+	$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)" -e ".[experiments,bench]"
 
 install-dev: $(BIN)/python
-	$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)" -e ".[dev,bench,baselines,lightning]"
+	$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)" -e ".[dev,experiments,bench,baselines,lightning]"
 
 build-kernels:
 	$(BIN)/python -m pyro_whvi.ops.build

@@ -8,6 +8,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .sklearn_sets import sklearn_datasets
+
 __all__ = ["DigitsSplit", "load_digits_split"]
 
 
@@ -25,11 +27,9 @@ def load_digits_split(
     test_fraction: float = 0.3, seed: int = 0, images: bool = False, dtype: torch.dtype | None = None
 ) -> DigitsSplit:
     """A stratified-by-shuffle train/test split of ``sklearn.datasets.load_digits`` (no download needed)."""
-    from sklearn.datasets import load_digits
-
     if not 0 < test_fraction < 1:
         raise ValueError(f"load_digits_split: test_fraction must be in (0, 1), got {test_fraction!r}.")
-    data = load_digits()
+    data = sklearn_datasets("load_digits_split").load_digits()
     x = torch.as_tensor(data.data / 16.0, dtype=dtype or torch.get_default_dtype())
     y = torch.as_tensor(data.target, dtype=torch.long)
     if images:

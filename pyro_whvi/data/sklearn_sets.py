@@ -19,7 +19,19 @@ from torch import Tensor
 
 from .uci import UCISplit, standardized_split
 
-__all__ = ["ClassificationSplit", "load_breast_cancer_split", "load_diabetes_split"]
+__all__ = ["ClassificationSplit", "load_breast_cancer_split", "load_diabetes_split", "sklearn_datasets"]
+
+
+def sklearn_datasets(caller: str):
+    """``sklearn.datasets``, or an ``ImportError`` naming ``caller`` and the extra that brings scikit-learn
+    (an application dependency: the library itself does not need it)."""
+    try:
+        from sklearn import datasets
+    except ImportError as error:
+        raise ImportError(
+            f"{caller} reads scikit-learn's bundled data sets: pip install 'pyro_whvi[experiments]' (or scikit-learn)"
+        ) from error
+    return datasets
 
 
 @dataclass
@@ -45,9 +57,7 @@ def _rows(num_rows: int, test_fraction: float, seed: int, name: str) -> tuple[np
 def load_diabetes_split(split: int = 0, test_fraction: float = 0.1, dtype: torch.dtype | None = None) -> UCISplit:
     """Split ``split`` (a seed) of ``sklearn.datasets.load_diabetes``; metrics in original units use
     ``y_mean``/``y_std`` as for UCI data."""
-    from sklearn.datasets import load_diabetes
-
-    data = load_diabetes()
+    data = sklearn_datasets("load_diabetes_split").load_diabetes()
     train, test = _rows(len(data.target), test_fraction, split, "load_diabetes_split")
     return standardized_split(np.asarray(data.data), np.asarray(data.target, dtype=float), train, test, dtype)
 
@@ -56,9 +66,7 @@ def load_breast_cancer_split(
     seed: int = 0, test_fraction: float = 0.3, dtype: torch.dtype | None = None
 ) -> ClassificationSplit:
     """A seeded train/test split of ``sklearn.datasets.load_breast_cancer`` (labels 0 = malignant, 1 = benign)."""
-    from sklearn.datasets import load_breast_cancer
-
-    data = load_breast_cancer()
+    data = sklearn_datasets("load_breast_cancer_split").load_breast_cancer()
     train, test = _rows(len(data.target), test_fraction, seed, "load_breast_cancer_split")
     labels = np.asarray(data.target, dtype=float)
     standardized = standardized_split(np.asarray(data.data), labels, train, test, dtype)
