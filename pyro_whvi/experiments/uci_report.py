@@ -15,12 +15,11 @@ from ..metrics import (
     error_rate,
     expected_calibration_error,
     gaussian_mnll,
-    mean_and_standard_error,
     predictive_entropy,
     rmse,
 )
 from .noisy_sets import noise_floor
-from .reporting import draw_reliability, write_atomic
+from .reporting import draw_reliability, summarize_by, write_atomic
 
 if TYPE_CHECKING:
     from .uci import UCIConfig
@@ -64,16 +63,15 @@ def evaluate(data: UCIData, f: torch.Tensor, noise_scale) -> dict[str, float]:
 
 def summarize(rows: list[dict[str, Any]], methods: tuple[str, ...]) -> list[dict[str, Any]]:
     """Mean and standard error (sample std / sqrt(splits)) of every metric per method, in ``methods`` order."""
+    metrics = (*REGRESSION_METRICS, *FLOOR_METRICS, *CLASSIFICATION_METRICS, "train_seconds")
+    present = tuple(metric for metric in metrics if rows and metric in rows[0])
+    by_method = {entry["method"]: entry for entry in summarize_by(rows, ("method",), present)}
     summary = []
-    for method in methods:
-        mine = [r for r in rows if r["method"] == method]
-        if not mine:
-            continue
-        entry: dict[str, Any] = {"method": method, "splits": len(mine), "parameters": mine[0]["variational_parameters"]}
-        for metric in (*REGRESSION_METRICS, *FLOOR_METRICS, *CLASSIFICATION_METRICS, "train_seconds"):
-            if metric in mine[0]:
-                entry[metric], entry[metric + "_se"] = mean_and_standard_error(r[metric] for r in mine)
-        summary.append(entry)
+    for method in (m for m in methods if m in by_method):
+        entry = by_method[method]
+        parameters = next(r["variational_parameters"] for r in rows if r["method"] == method)
+        statistics = {k: v for k, v in entry.items() if k not in ("method", "runs")}
+        summary.append({"method": method, "splits": entry["runs"], "parameters": parameters, **statistics})
     return summary
 
 
