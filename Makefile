@@ -23,10 +23,11 @@ build-kernels:
 	$(BIN)/python -m pyro_whvi.ops.build
 
 # The main job: `whvi demo` (1-D toy regression and digits with WHVI, NF-WHVI, MFG and MC dropout;
-# table, predictive bands and reliability diagrams in ./whvi_demo), then the FWHT benchmark in quick mode.
+# table, predictive bands and reliability diagrams in ./whvi_demo), then the FWHT benchmark in quick mode (also
+# written to ./whvi_demo, so the committed results in benchmarks/results stay as they are).
 demo: install build-kernels
 	$(BIN)/whvi demo --out whvi_demo
-	$(BIN)/whvi bench fwht --quick
+	$(BIN)/whvi bench fwht --quick --out whvi_demo
 
 lint:
 	$(BIN)/ruff check pyro_whvi tests benchmarks tutorials cuda/triton
