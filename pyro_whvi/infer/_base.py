@@ -1,16 +1,22 @@
-"""The base of the structured guides: the model transformed in place, and the mean-field Normal they
-give every site they do not take.
+"""The base of the structured guides: Pyro's :class:`~pyro.infer.autoguide.AutoNormal` for every site they do
+not take, over the model they transform in place.
 
-The mean-field part is as :class:`~pyro.infer.autoguide.AutoNormal`: a Normal in unconstrained
-space per latent site, plates and subsampling included, with the scale initialized relative to the
-prior's. A subclass implements the hooks :class:`~pyro_whvi.infer.ModelTransform` calls
-(``select_sites``, ``structured_sites``, ``auxiliary_model_sites``, ``replace_model_site``) and
-``_init_structured_parameters``.
+The mean-field part is ``AutoNormal``'s: a Normal in unconstrained space per latent site, in
+``self.locs`` / ``self.scales``, plates and subsampling included. Two things differ, and are what is
+overridden: the sites a subclass structures get its parameters instead, and a real-valued site's
+scale starts relative to its prior's. ``AutoNormal`` has no per-site hooks, so its per-site
+initialization and draw are written again here, and one loop draws every site in the prototype
+trace's order, structured ones included (the order fixes the random stream). A subclass implements
+the hooks :class:`~pyro_whvi.infer.ModelTransform` calls (``select_sites``, ``structured_sites``,
+``auxiliary_model_sites``, ``replace_model_site``), ``_init_structured_parameters``,
+``_sample_structured``, ``_structured_quantiles``, and, for its structured sites, the guide protocol
+of :mod:`pyro_whvi.init` (``_set_structured_gaussian_``, ``_set_structured_isotropic_``).
 """
 
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable, Iterable
 from contextlib import ExitStack
 
 import pyro
@@ -19,31 +25,31 @@ import torch
 from pyro import poutine
 from pyro.distributions import constraints
 from pyro.distributions.util import sum_rightmost
-from pyro.infer.autoguide import AutoGuide
+from pyro.infer.autoguide import AutoGuide, AutoNormal
 from pyro.infer.autoguide.utils import helpful_support_errors
 from pyro.nn import PyroModule, PyroParam
 from pyro.ops.tensor_utils import periodic_repeat
+from torch import Tensor
 from torch.distributions import biject_to
 
-from ._guide_utils import deep_getattr, deep_set_param, normal_quantiles, prior_stddev
+from ._guide_utils import assign_param_, deep_getattr, deep_set_param, has_deep_attr, normal_quantiles, prior_stddev
 from .lazy_weight import check_example_dim
 from .model_transform import ModelTransform, SiteFilter, select_sites
 
-__all__ = ["StructuredAutoGuide"]
+__all__ = ["StructuredAutoGuide", "set_mean_field_gaussian_", "set_mean_field_isotropic_"]
 
 
-class StructuredAutoGuide(AutoGuide):
-    """``AutoGuide`` over the model it transforms; ``self.locs``/``self.scales``: a mean-field Normal per other site.
+class StructuredAutoGuide(AutoNormal):
+    """``AutoNormal`` for the sites a subclass does not structure, over the model it transforms.
 
     ``guide.model`` is the user's model object itself (transformed in place, see
     :mod:`pyro_whvi.infer.model_transform`).
     """
 
-    scale_constraint = constraints.softplus_positive
     locs: PyroModule
     scales: PyroModule
+    init_loc_fn: Callable
     _init_scale: float
-    _in_setup: bool
     _expose: SiteFilter | None
     _hide: SiteFilter | None
     model_site_shapes: dict | None
@@ -52,16 +58,23 @@ class StructuredAutoGuide(AutoGuide):
     strict: bool
 
     def __init__(self, model, *, example_dim: int = 0, strict: bool = False, create_plates=None):
+        """A subclass sets ``init_loc_fn``, ``_init_scale``, ``_expose`` and ``_hide`` first."""
         self.example_dim = check_example_dim(example_dim, type(self).__name__)
         self.strict = bool(strict)
-        super().__init__(model, create_plates=create_plates)
+        self.model_site_shapes = None
+        self._in_setup = False
+        super().__init__(model, init_loc_fn=self.init_loc_fn, init_scale=self._init_scale, create_plates=create_plates)
+        # AutoNormal wraps the model in InitMessenger(init_loc_fn). Ours stays the user's object, transformed in
+        # place, and the transform applies init_loc_fn itself while the prototype is traced.
+        self._model = (model,)
         self.model_transform = ModelTransform(model, self)
 
     @property
     def structured_sites(self) -> dict | None:
         raise NotImplementedError
 
-    def _selected_sites(self) -> dict:
+    @property
+    def _sites(self) -> dict:
         """The structured sites, or a clear error before the first call chose them."""
         sites = self.structured_sites
         if sites is None:
@@ -77,16 +90,11 @@ class StructuredAutoGuide(AutoGuide):
     def _require_site(self, weight_site: str, what: str) -> None:
         """A clear error unless the guide is set up and ``weight_site`` is one of its structured sites."""
         self._require_prototype(what)
-        sites = self._selected_sites()
+        sites = self._sites
         if weight_site not in sites:
             raise KeyError(
                 f"{weight_site!r} is not a weight site of this {type(self).__name__}; sites: {sorted(sites)}."
             )
-
-    @torch.no_grad()
-    def median(self, *args, num_samples: int = 1000, **kwargs) -> dict:
-        """Posterior medians of every latent site, and of each structured weight under its own name."""
-        return {name: value[0] for name, value in self.quantiles([0.5], num_samples=num_samples).items()}
 
     def _trace_and_select(
         self, original_model, args, kwargs, *, check_site, is_default, mean_field_last_layer=False
@@ -117,9 +125,40 @@ class StructuredAutoGuide(AutoGuide):
         """The site this guide samples for a structured weight site (marked with ``GUIDE_KEY``)."""
         raise NotImplementedError
 
-    def _sample_structured(self, name: str, sampled: dict) -> torch.Tensor | None:
-        """Sample site ``name`` if the guide structures it (``sampled``: the values so far), else ``None``."""
+    # -- prototype and parameters ----------------------------------------------------------------
+
+    def _setup_prototype(self, *args, **kwargs):
+        if self.structured_sites is None:
+            self.model_transform.select(args, kwargs)
+        self._in_setup = True  # the transformed model applies init_loc_fn while the prototype is traced
+        try:
+            AutoGuide._setup_prototype(self, *args, **kwargs)  # not AutoNormal's: it would give every site a Normal
+        finally:
+            self._in_setup = False
+        self._event_dims = {}
+        self.locs = PyroModule()
+        self.scales = PyroModule()
+        self._init_structured_parameters()
+
+    def _init_structured_parameters(self) -> None:
+        """Create the parameters of every site (structured and mean-field) from ``self.prototype_trace``."""
         raise NotImplementedError
+
+    def _init_mean_field(self, name: str, site: dict) -> None:
+        """``AutoNormal``'s parameters for one site, the scale relative to the prior's (:func:`prior_stddev`)."""
+        with helpful_support_errors(site):
+            init_loc = biject_to(site["fn"].support).inv(site["value"].detach()).detach()
+        event_dim = site["fn"].event_dim + init_loc.dim() - site["value"].dim()
+        self._event_dims[name] = event_dim
+        for frame in site["cond_indep_stack"]:
+            full_size = frame.full_size or frame.size
+            if full_size != frame.size:
+                init_loc = periodic_repeat(init_loc, full_size, frame.dim - event_dim).contiguous()
+        deep_set_param(self.locs, name, PyroParam(init_loc, constraints.real, event_dim))
+        init_scale = torch.full_like(init_loc, self._init_scale) * prior_stddev(site["fn"], init_loc)
+        deep_set_param(self.scales, name, PyroParam(init_scale, self.scale_constraint, event_dim))
+
+    # -- sampling and summaries ------------------------------------------------------------------
 
     def forward(self, *args, **kwargs):
         """Sample every latent site of the transformed model; returns ``{site: value}``."""
@@ -133,43 +172,18 @@ class StructuredAutoGuide(AutoGuide):
             result[name] = value if value is not None else self._sample_mean_field(name, site, plates)
         return result
 
-    def _init_structured_parameters(self) -> None:
-        """Create the parameters of every site (structured and mean-field) from ``self.prototype_trace``."""
+    def _sample_structured(self, name: str, sampled: dict) -> Tensor | None:
+        """Sample site ``name`` if the guide structures it (``sampled``: the values so far), else ``None``."""
         raise NotImplementedError
 
-    def _setup_prototype(self, *args, **kwargs):
-        if self.structured_sites is None:
-            self.model_transform.select(args, kwargs)
-        self._in_setup = True  # the transformed model applies init_loc_fn while the prototype is traced
-        try:
-            super()._setup_prototype(*args, **kwargs)
-        finally:
-            self._in_setup = False
-        self._event_dims: dict[str, int] = {}
-        self.locs = PyroModule()
-        self.scales = PyroModule()
-        self._init_structured_parameters()
-
-    def _init_mean_field(self, name: str, site: dict) -> None:
-        with helpful_support_errors(site):
-            init_loc = biject_to(site["fn"].support).inv(site["value"].detach()).detach()
-        event_dim = site["fn"].event_dim + init_loc.dim() - site["value"].dim()
-        self._event_dims[name] = event_dim
-        for frame in site["cond_indep_stack"]:
-            full_size = frame.full_size or frame.size
-            if full_size != frame.size:
-                init_loc = periodic_repeat(init_loc, full_size, frame.dim - event_dim).contiguous()
-        deep_set_param(self.locs, name, PyroParam(init_loc, constraints.real, event_dim))
-        init_scale = torch.full_like(init_loc, self._init_scale) * prior_stddev(site["fn"], init_loc)
-        deep_set_param(self.scales, name, PyroParam(init_scale, self.scale_constraint, event_dim))
-
-    def _sample_mean_field(self, name: str, site: dict, plates: dict) -> torch.Tensor:
+    def _sample_mean_field(self, name: str, site: dict, plates: dict) -> Tensor:
+        """One site as ``AutoNormal.forward`` samples it."""
         transform = biject_to(site["fn"].support)
         with ExitStack() as stack:
             for frame in site["cond_indep_stack"]:
                 if frame.vectorized:
                     stack.enter_context(plates[frame.name])
-            loc, scale = deep_getattr(self.locs, name), deep_getattr(self.scales, name)
+            loc, scale = self._get_loc_and_scale(name)
             unconstrained = pyro.sample(
                 name + "_unconstrained",
                 dist.Normal(loc, scale).to_event(self._event_dims[name]),
@@ -183,6 +197,103 @@ class StructuredAutoGuide(AutoGuide):
                 log_density = sum_rightmost(log_density, log_density.dim() - value.dim() + site["fn"].event_dim)
             return pyro.sample(name, dist.Delta(value, log_density=log_density, event_dim=site["fn"].event_dim))
 
-    def _mean_field_quantiles(self, name: str, site: dict, levels: torch.Tensor) -> torch.Tensor:
-        loc, scale = deep_getattr(self.locs, name), deep_getattr(self.scales, name)
-        return biject_to(site["fn"].support)(normal_quantiles(loc, scale, levels))
+    @torch.no_grad()
+    def median(self, *args, num_samples: int = 1000, **kwargs) -> dict:
+        """Posterior medians of every latent site, and of each structured weight under its own name."""
+        return {name: value[0] for name, value in self.quantiles([0.5], num_samples=num_samples).items()}
+
+    @torch.no_grad()
+    def quantiles(self, quantiles: Iterable[float], *args, num_samples: int = 1000, **kwargs) -> dict:
+        """Marginal quantiles of every latent site, and of each structured weight under its own name
+        (how: :meth:`_structured_quantiles`; ``num_samples`` draws where they are Monte-Carlo estimates)."""
+        self._require_prototype("quantiles/median")
+        levels = torch.as_tensor(list(quantiles))
+        result: dict = {}
+        for name, site in self.prototype_trace.iter_stochastic_nodes():
+            structured = self._structured_quantiles(name, levels, num_samples)
+            if structured is None:
+                loc, scale = self._get_loc_and_scale(name)
+                structured = {name: biject_to(site["fn"].support)(normal_quantiles(loc, scale, levels))}
+            result.update(structured)
+        return result
+
+    def _structured_quantiles(self, name: str, levels: Tensor, num_samples: int) -> dict | None:
+        """``{site: quantiles}`` for site ``name`` if the guide structures it, else ``None``."""
+        raise NotImplementedError
+
+    # -- the guide protocol of pyro_whvi.init (I-BLM, Xavier) --------------------------------------
+
+    def set_site_gaussian_(
+        self,
+        site: str,
+        mean: Tensor,
+        precision: Tensor,
+        *,
+        data_precision: Tensor | None = None,
+        data_rhs: Tensor | None = None,
+    ) -> None:
+        r"""Set ``q`` of ``site``, in place, to its family's approximation of a Gaussian over the site's value.
+
+        :param mean: the Gaussian's mean, in the site's shape.
+        :param precision: the diagonal of its precision, in the site's shape.
+        :param data_precision: where the Gaussian is a posterior under the model's prior, its likelihood
+            part: per output row, ``(R, F, F)`` over the row's ``F`` entries, or its diagonal in the site's shape.
+        :param data_rhs: the likelihood's linear term (:math:`X^\top L^{-1} y`), in the site's shape.
+
+        A mean-field site takes ``mean`` and the variances ``1 / precision``, the ``KL(q || p)`` optimum
+        (I-BLM App. D), and ignores the likelihood part; a structured site, see the subclass's
+        ``_set_structured_gaussian_``.
+        """
+        what = f"{type(self).__name__}.set_site_gaussian_({site!r})"
+        if site in self._sites:
+            self._set_structured_gaussian_(site, mean, precision, data_precision, data_rhs, what)
+        else:
+            set_mean_field_gaussian_(self, site, mean, precision, what)
+
+    def set_site_isotropic_(self, site: str, variance: float) -> None:
+        r"""Set ``q`` of ``site``, in place, to an uninformed start whose entries have variance ``variance``
+        about zero, as far as its family allows: :math:`\mathcal{N}(0, \text{variance})` for a mean-field
+        site; a structured site, see the subclass's ``_set_structured_isotropic_``."""
+        what = f"{type(self).__name__}.set_site_isotropic_({site!r})"
+        if site in self._sites:
+            self._set_structured_isotropic_(site, variance, what)
+        else:
+            set_mean_field_isotropic_(self, site, variance, what)
+
+    def _set_structured_gaussian_(
+        self,
+        site: str,
+        mean: Tensor,
+        precision: Tensor,
+        data_precision: Tensor | None,
+        data_rhs: Tensor | None,
+        what: str,
+    ) -> None:
+        """:meth:`set_site_gaussian_` for a structured site; errors start with ``what``."""
+        raise NotImplementedError
+
+    def _set_structured_isotropic_(self, site: str, variance: float, what: str) -> None:
+        """:meth:`set_site_isotropic_` for a structured site; errors start with ``what``."""
+        raise NotImplementedError
+
+
+def _mean_field_loc(guide: AutoNormal, site: str, what: str) -> Tensor:
+    if not has_deep_attr(guide.locs, site):
+        raise KeyError(f"{what}: {type(guide).__name__} has no mean-field parameters for this site.")
+    return deep_getattr(guide.locs, site)
+
+
+def set_mean_field_gaussian_(guide: AutoNormal, site: str, mean: Tensor, precision: Tensor, what: str) -> None:
+    """Set the Normal an ``AutoNormal`` (or a structured guide's mean-field part) gives ``site`` to mean ``mean``
+    and variances ``1 / precision``, in place. Errors start with ``what`` (which names the site)."""
+    _mean_field_loc(guide, site, what)
+    assign_param_(guide.locs, site, mean, what)
+    assign_param_(guide.scales, site, precision.rsqrt(), what)
+
+
+def set_mean_field_isotropic_(guide: AutoNormal, site: str, variance: float, what: str) -> None:
+    """Set the Normal an ``AutoNormal`` (or a structured guide's mean-field part) gives ``site`` to
+    :math:`\\mathcal{N}(0, \\text{variance})` per entry, in place. Errors start with ``what`` (which names the site)."""
+    loc = _mean_field_loc(guide, site, what)
+    assign_param_(guide.locs, site, loc.new_zeros(loc.shape), what)
+    assign_param_(guide.scales, site, loc.new_full(loc.shape, variance**0.5), what)

@@ -1,5 +1,5 @@
-"""Small helpers of :class:`~pyro_whvi.AutoWHVIGuide`: nested attribute access, in-place parameter writes, prior
-scales, quantiles."""
+"""Small helpers of the structured guides: nested attribute access, in-place parameter writes, prior scales,
+quantiles, the default WHVI site."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ __all__ = [
     "deep_set_param",
     "empirical_quantiles",
     "has_deep_attr",
+    "is_default_whvi_weight",
     "like_tensor",
     "marginal_std",
     "normal_quantiles",
@@ -95,9 +96,21 @@ def assign_param_(container, name: str, value: torch.Tensor, what: str) -> None:
     new = transform_to(constraint).inv(value.to(unconstrained))
     with torch.no_grad():
         unconstrained.copy_(new)
-        stored = pyro.get_param_store()._params.get(parent._pyro_get_fullname(attr))
+        stored = dict(pyro.get_param_store().named_parameters()).get(parent._pyro_get_fullname(attr))
         if stored is not None and stored is not unconstrained:
             stored.copy_(new)
+
+
+def is_default_whvi_weight(fn) -> bool:
+    """Whether ``AutoWHVIGuide`` takes a site with prior ``fn`` by default: one real matrix with both sides > 1."""
+    shape = fn.event_shape
+    return (
+        fn.batch_shape == torch.Size()
+        and len(shape) == 2
+        and shape[0] > 1
+        and shape[1] > 1
+        and not getattr(fn.support, "is_discrete", False)
+    )
 
 
 def like_tensor(fn) -> torch.Tensor:

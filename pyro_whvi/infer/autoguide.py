@@ -22,7 +22,7 @@ References:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
 import pyro
 import torch
@@ -41,6 +41,7 @@ from ._guide_utils import (
     deep_set_param,
     empirical_quantiles,
     has_deep_attr,
+    is_default_whvi_weight,
     marginal_std,
     normal_quantiles,
     pyro_params_,
@@ -80,17 +81,6 @@ class _GuideOwnedReparam(WHVIReparam):
         # s1 and s2 and SVI optimizes them (outside it, PyroModule would return a bare tensor).
         with guide._pyro_context:
             return deep_getattr(guide.whvi_s1, name), deep_getattr(guide.whvi_s2, name)
-
-
-def _is_default_weight(fn) -> bool:
-    shape = fn.event_shape
-    return (
-        fn.batch_shape == torch.Size()
-        and len(shape) == 2
-        and shape[0] > 1
-        and shape[1] > 1
-        and not getattr(fn.support, "is_discrete", False)
-    )
 
 
 class AutoWHVIGuide(StructuredAutoGuide):
@@ -174,11 +164,8 @@ class AutoWHVIGuide(StructuredAutoGuide):
         self.init_loc_fn, self._init_scale = init_loc_fn, float(init_scale)
         self._expose, self._hide, self._mean_field_last_layer = expose, hide, bool(mean_field_last_layer)
         self.whvi_layouts: dict[str, WHVILayout] | None = None
-        self.model_site_shapes: dict[str, torch.Size | None] | None = None
-        self._in_setup = False
         super().__init__(model, example_dim=example_dim, strict=strict, create_plates=create_plates)
-        self.whvi_s1 = PyroModule()
-        self.whvi_s2 = PyroModule()
+        self.whvi_s1, self.whvi_s2 = PyroModule(), PyroModule()
         self.reparam = _GuideOwnedReparam(self)
 
     # -- selection and model checks (used by ModelTransform) ----------------------------------
@@ -190,7 +177,7 @@ class AutoWHVIGuide(StructuredAutoGuide):
             args,
             kwargs,
             check_site=check_whvi_site,
-            is_default=_is_default_weight,
+            is_default=is_default_whvi_weight,
             mean_field_last_layer=self._mean_field_last_layer,
         )
         self._weight_of_g = {g_site_name(name): name for name in self.whvi_layouts}
@@ -207,10 +194,6 @@ class AutoWHVIGuide(StructuredAutoGuide):
         new_msg = self.reparam.apply({"name": msg["name"], "fn": msg["fn"], "value": None, "is_observed": False})
         msg["fn"], msg["value"], msg["is_observed"] = new_msg["fn"], new_msg["value"], new_msg["is_observed"]
 
-    @property
-    def _layouts(self) -> dict[str, WHVILayout]:
-        return self._selected_sites()
-
     # -- prototype and parameters ----------------------------------------------------------------
 
     def _init_structured_parameters(self) -> None:
@@ -226,7 +209,7 @@ class AutoWHVIGuide(StructuredAutoGuide):
                 self._init_mean_field(name, site)
 
     def _init_g(self, name: str, like: torch.Tensor) -> None:
-        layout = self._layouts[self._weight_of_g[name]]
+        layout: WHVILayout = self._sites[self._weight_of_g[name]]
         root_lambda = self.prior_variance**0.5
         loc = root_lambda * torch.randn(tuple(layout.block_shape), dtype=like.dtype, device=like.device)
         rank = (self.rank or math.ceil(layout.block_size**0.5)) if self.covariance == "lowrank" else None
@@ -270,7 +253,7 @@ class AutoWHVIGuide(StructuredAutoGuide):
         self._require_site(weight_site, "weight_distribution")
         s1, s2 = deep_getattr(self.whvi_s1, weight_site), deep_getattr(self.whvi_s2, weight_site)
         cls = WHVIMatrix if self.num_flows else WHVINormal
-        return cls(s1, s2, self.get_posterior(weight_site), self._layouts[weight_site].shape)
+        return cls(s1, s2, self.get_posterior(weight_site), self._sites[weight_site].shape)
 
     def _sample_structured(self, name, sampled):
         if name not in self._weight_of_g:
@@ -281,29 +264,36 @@ class AutoWHVIGuide(StructuredAutoGuide):
     def guide_site(self, weight_site: str) -> str:
         return g_site_name(weight_site)
 
-    # -- summaries -------------------------------------------------------------------------------
+    def _structured_quantiles(self, name, levels, num_samples):
+        """Quantiles of a ``g`` site and its weight: exact for Gaussian ``q(g)``, ``num_samples`` draws with flows."""
+        if name not in self._weight_of_g:
+            return None
+        weight_site = self._weight_of_g[name]
+        posterior, weights = self.get_posterior(weight_site), self.weight_distribution(weight_site)
+        if self.num_flows:
+            draws = posterior.rsample((num_samples,)), weights.rsample((num_samples,))
+            return {name: empirical_quantiles(draws[0], levels), weight_site: empirical_quantiles(draws[1], levels)}
+        return {
+            name: normal_quantiles(posterior.mean, marginal_std(posterior), levels),
+            weight_site: normal_quantiles(weights.mean, weights.stddev, levels),
+        }
 
-    @torch.no_grad()
-    def quantiles(self, quantiles: Iterable[float], *args, num_samples: int = 1000, **kwargs) -> dict:
-        """Marginal quantiles of every latent site, and of each WHVI weight under its original name.
+    def _set_structured_gaussian_(self, site, mean, precision, data_precision, data_rhs, what) -> None:
+        """``s1``, ``s2`` from projecting ``mean`` onto the WHVI form, ``q(g)`` the posterior of the likelihood
+        part under ``g``'s prior (:func:`~pyro_whvi.init.assign.fit_whvi_site`)."""
+        from ..init.assign import fit_whvi_site  # pyro_whvi.init builds on this package
 
-        Exact for Gaussian ``q(g)``; a Monte-Carlo estimate from ``num_samples`` draws with flows.
-        """
-        self._require_prototype("quantiles/median")
-        levels = torch.as_tensor(list(quantiles))
-        result = {}
-        for name, site in self.prototype_trace.iter_stochastic_nodes():
-            if name in self._weight_of_g:
-                weight_site = self._weight_of_g[name]
-                posterior = self.get_posterior(weight_site)
-                weight_dist = self.weight_distribution(weight_site)
-                if self.num_flows:
-                    result[name] = empirical_quantiles(posterior.rsample((num_samples,)), levels)
-                    result[weight_site] = empirical_quantiles(weight_dist.rsample((num_samples,)), levels)
-                else:
-                    std = marginal_std(posterior)
-                    result[name] = normal_quantiles(posterior.mean, std, levels)
-                    result[weight_site] = normal_quantiles(weight_dist.mean, weight_dist.stddev, levels)
-                continue
-            result[name] = self._mean_field_quantiles(name, site, levels)
-        return result
+        s1, s2 = deep_getattr(self.whvi_s1, site).detach(), deep_getattr(self.whvi_s2, site).detach()
+        layout, like = self._sites[site], self.qg(site)
+        s1, s2, qg = fit_whvi_site(layout, s1, s2, self.prior_variance, like, mean, data_precision, data_rhs, what)
+        assign_param_(self.whvi_s1, site, s1, what)
+        assign_param_(self.whvi_s2, site, s2, what)
+        self.set_qg_(site, qg, what)
+
+    def _set_structured_isotropic_(self, site, variance, what) -> None:
+        r"""``s1``, ``s2`` kept, :math:`q(g) = \mathcal{N}(0, \sigma^2 I)` with the :math:`\sigma` that gives the
+        entries, :math:`\operatorname{Var} W_{ij} = s_{1,i}^2 s_{2,j}^2 \sigma^2 / D`, the variance on average."""
+        s1, s2 = deep_getattr(self.whvi_s1, site).detach(), deep_getattr(self.whvi_s2, site).detach()
+        sigma = (variance * s1.shape[-1] / (s1.pow(2).mean() * s2.pow(2).mean())).sqrt()
+        qg = GaussianQG.isotropic(self.covariance, torch.zeros_like(s1), sigma, rank=self.qg(site).rank)
+        self.set_qg_(site, qg, what)

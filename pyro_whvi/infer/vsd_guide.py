@@ -22,7 +22,7 @@ References:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
 import pyro
 import pyro.distributions as dist
@@ -35,7 +35,15 @@ from torch import Tensor, nn
 from ..distributions.empirical_bayes import vsd_hierarchical_kl, vsd_kl
 from ..distributions.householder import StructuredDropoutNoise
 from ._base import StructuredAutoGuide
-from ._guide_utils import deep_getattr, deep_set_param, empirical_quantiles, like_tensor, normal_quantiles, pyro_params_
+from ._guide_utils import (
+    assign_param_,
+    deep_getattr,
+    deep_set_param,
+    empirical_quantiles,
+    like_tensor,
+    normal_quantiles,
+    pyro_params_,
+)
 from .lazy_weight import local_reparameterization_enabled, scale_along
 from .model_transform import GUIDE_KEY, SiteFilter
 from .vsd import (
@@ -162,8 +170,6 @@ class AutoVSDGuide(StructuredAutoGuide):
         self.init_loc_fn, self._init_scale = init_loc_fn, float(init_scale)
         self._expose, self._hide = expose, hide
         self.vsd_sites: dict[str, VSDSite] | None = None
-        self.model_site_shapes: dict[str, torch.Size | None] | None = None
-        self._in_setup = False
         super().__init__(model, example_dim=example_dim, strict=strict, create_plates=create_plates)
 
     # -- the hooks ModelTransform calls ----------------------------------------------------------
@@ -194,10 +200,6 @@ class AutoVSDGuide(StructuredAutoGuide):
         if self.hierarchical:
             pyro.sample(z_site_name(msg["name"]), z_prior(*self.z_prior, like_tensor(msg["fn"]), site.num_noise))
         msg["fn"] = EmpiricalBayesPrior(msg["fn"])
-
-    @property
-    def _sites(self) -> dict[str, VSDSite]:
-        return self._selected_sites()
 
     # -- prototype and parameters ----------------------------------------------------------------
 
@@ -269,33 +271,31 @@ class AutoVSDGuide(StructuredAutoGuide):
     def guide_site(self, weight_site: str) -> str:
         return weight_site
 
-    # -- summaries -------------------------------------------------------------------------------
+    def _structured_quantiles(self, name, levels, num_samples):
+        r"""Exact for a plain VSD site (:math:`W_{ij} \sim \mathcal{N}(\Theta_{ij}, \Theta_{ij}^2 s_i)`) and for
+        ``z``; for a hierarchical one, a Monte-Carlo estimate from ``num_samples`` draws of :math:`(z, \xi)`."""
+        if name in self._weight_of_z:
+            z_dist = self.z_posterior(self._weight_of_z[name]).base_dist
+            return {name: normal_quantiles(z_dist.loc, z_dist.scale, levels).exp()}
+        if name not in self._sites:
+            return None
+        if self.hierarchical:  # W = diag(z * xi) Theta for num_samples independent (z, xi), drawn in one batch
+            xi = self.noise_distribution(name).sample((num_samples,)) * self.z_posterior(name).sample((num_samples,))
+            draws = scale_along(deep_getattr(self.vsd_theta, name), xi, self._sites[name].noise_dim)
+            return {name: empirical_quantiles(draws, levels)}
+        posterior = self.get_posterior(name)
+        return {name: normal_quantiles(posterior.mean, posterior.variance.sqrt(), levels)}
 
-    @torch.no_grad()
-    def quantiles(self, quantiles: Iterable[float], *args, num_samples: int = 1000, **kwargs) -> dict:
-        r"""Marginal quantiles of every latent site; VSD weights under their own names.
+    def _set_structured_gaussian_(self, site, mean, precision, data_precision, data_rhs, what) -> None:
+        r""":math:`\Theta` = ``mean``; :math:`\alpha` gives it the variances closest to ``1 / precision``
+        (:func:`~pyro_whvi.init.assign.fit_vsd_alpha`); the Householder vectors are kept."""
+        from ..init.assign import fit_vsd_alpha  # pyro_whvi.init builds on this package
 
-        Exact for the plain model (:math:`W_{ij} \sim \mathcal{N}(\Theta_{ij}, \Theta_{ij}^2 s_i)`); a
-        Monte-Carlo estimate from ``num_samples`` draws for the hierarchical one.
-        """
-        self._require_prototype("quantiles/median")
-        levels = torch.as_tensor(list(quantiles))
-        result = {}
-        for name, site in self.prototype_trace.iter_stochastic_nodes():
-            if name in self._weight_of_z:
-                z_dist = self.z_posterior(self._weight_of_z[name]).base_dist
-                result[name] = normal_quantiles(z_dist.loc, z_dist.scale, levels).exp()
-            elif name in self._sites and self.hierarchical:
-                # W = diag(z * xi) Theta for num_samples independent (z, xi), drawn in one batch.
-                xi = self.noise_distribution(name).sample((num_samples,)) * self.z_posterior(name).sample(
-                    (num_samples,)
-                )
-                theta = deep_getattr(self.vsd_theta, name)
-                draws = scale_along(theta, xi, self._sites[name].noise_dim)
-                result[name] = empirical_quantiles(draws, levels)
-            elif name in self._sites:
-                posterior = self.get_posterior(name)
-                result[name] = normal_quantiles(posterior.mean, posterior.variance.sqrt(), levels)
-            else:
-                result[name] = self._mean_field_quantiles(name, site, levels)
-        return result
+        alpha = fit_vsd_alpha(self._sites[site], mean, precision, self.noise_distribution(site).householder_matrix)
+        assign_param_(self.vsd_theta, site, mean, what)
+        assign_param_(self.vsd_alpha, site, alpha, what)
+
+    def _set_structured_isotropic_(self, site, variance, what) -> None:
+        r""":math:`\Theta` drawn from :math:`\mathcal{N}(0, \text{variance})` (a zero :math:`\Theta` would switch the
+        multiplicative noise off); :math:`\alpha` and the Householder vectors are kept."""
+        assign_param_(self.vsd_theta, site, variance**0.5 * torch.randn_like(deep_getattr(self.vsd_theta, site)), what)

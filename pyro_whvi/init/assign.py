@@ -3,7 +3,9 @@ r"""Setting a guide's ``q`` for one layer from a Gaussian over the layer's weigh
 The layer's Gaussian has independent output rows (the BLM posterior of each output unit), given as
 means, the diagonal of each row's posterior precision (entries of the weight and of the bias), and
 the likelihood part :math:`X^\top \operatorname{diag}(\sigma^{-2}) X` of each row's precision (the prior
-part is the model's). Each guide takes its best approximation:
+part is the model's). :func:`assign_layer` hands each site's part to the guide's ``set_site_gaussian_``
+(:mod:`~pyro_whvi.init.guide_protocol`), and each guide takes its best approximation; the structured
+guides' fits are here (:func:`fit_whvi_site`, :func:`fit_vsd_alpha`):
 
 * **mean-field** (``AutoNormal``, and the other sites of our guides): mean = posterior mean, variance
   :math:`1 / P_{ii}`, the minimizer of ``KL(q || p)`` (I-BLM App. D);
@@ -30,17 +32,14 @@ import dataclasses
 from dataclasses import dataclass
 
 import torch
-from pyro.infer.autoguide import AutoNormal
 from torch import Tensor
 
 from ..distributions.qg_family import GaussianQG
-from ..infer import AutoVSDGuide, AutoWHVIGuide
-from ..infer._base import StructuredAutoGuide
-from ..infer._guide_utils import assign_param_, deep_getattr, has_deep_attr
 from .blm import cholesky_with_jitter
+from .guide_protocol import SiteInitializer
 from .whvi_projection import fit_whvi_mean, whvi_precision, whvi_rhs
 
-__all__ = ["LayerGaussian", "assign_layer", "check_guide", "project_onto_whvi", "set_param", "set_whvi_isotropic"]
+__all__ = ["LayerGaussian", "assign_layer", "fit_vsd_alpha", "fit_whvi_site", "project_onto_whvi"]
 
 #: Above this block size the WHVI precision uses the diagonal of each row's BLM precision (memory K D^3).
 FULL_ROW_PRECISION_MAX_BLOCK = 256
@@ -59,26 +58,25 @@ class LayerGaussian:
     bias_data_precision: Tensor | None = None  #: ``(R,)``: the likelihood part of ``bias_precision``
 
 
-def check_guide(guide) -> None:
-    if not isinstance(guide, (AutoNormal, StructuredAutoGuide)):
-        raise TypeError(
-            f"iblm_: {type(guide).__name__} is not supported; pass an AutoNormal, AutoWHVIGuide or AutoVSDGuide."
-        )
+def assign_layer(guide: SiteInitializer, weight_site: str, bias_site: str | None, layer: LayerGaussian) -> None:
+    """Set ``guide``'s ``q`` for a layer's weight (and bias) from ``layer``; see the module docstring.
 
-
-def set_param(container, name: str, value: Tensor) -> None:
-    """Overwrite the constrained value of the ``PyroParam`` ``container.<name>`` in place.
-
-    In place, so that an optimizer already holding the parameter keeps working.
+    :param guide: a guide with ``set_site_gaussian_`` (:func:`~pyro_whvi.init.guide_protocol.site_initializer`).
     """
-    assign_param_(container, name, value, "iblm_")
-
-
-def _set_mean_field(guide, site: str, mean: Tensor, precision: Tensor) -> None:
-    if not has_deep_attr(guide.locs, site):
-        raise KeyError(f"iblm_: {type(guide).__name__} has no mean-field parameters for site {site!r}.")
-    set_param(guide.locs, site, mean)
-    set_param(guide.scales, site, precision.rsqrt())
+    guide.set_site_gaussian_(
+        weight_site,
+        layer.weight_mean,
+        layer.weight_precision,
+        data_precision=layer.row_data_precision,
+        data_rhs=layer.row_data_rhs,
+    )
+    if bias_site is None or layer.bias_mean is None or layer.bias_precision is None:
+        return
+    data_precision = layer.bias_data_precision
+    data_rhs = None if data_precision is None else data_precision * layer.bias_mean
+    guide.set_site_gaussian_(
+        bias_site, layer.bias_mean, layer.bias_precision, data_precision=data_precision, data_rhs=data_rhs
+    )
 
 
 def _padded_rows(values: Tensor, rows: int, cols: int) -> Tensor:
@@ -113,18 +111,31 @@ def project_onto_whvi(
     return fit_whvi_mean(target, mask, s1, s2, prior_variance)
 
 
-def _assign_whvi(guide: AutoWHVIGuide, site: str, mean: Tensor, precision: Tensor, rhs: Tensor) -> None:
-    """Set ``s1``, ``s2`` and ``q(g)`` of a WHVI site from a Gaussian over its weight.
+def fit_whvi_site(
+    layout,
+    s1: Tensor,
+    s2: Tensor,
+    prior_variance: float,
+    current: GaussianQG,
+    mean: Tensor,
+    data_precision: Tensor | None,
+    data_rhs: Tensor | None,
+    what: str,
+) -> tuple[Tensor, Tensor, GaussianQG]:
+    """``(s1, s2, q(g))`` of a WHVI site (``layout``) from a Gaussian over its weight; see the module docstring.
 
-    ``precision`` is the likelihood part of each row's precision, ``(R, F, F)``, or its diagonal in the
-    site's shape; ``rhs`` the likelihood's linear term, in the site's shape.
+    :param s1: the site's current ``s1`` (the projection's starting point), ``(K, D)``; ``s2`` likewise.
+    :param current: the site's current ``q(g)``: the result is of its kind and rank.
+    :param data_precision: the likelihood part of each row's precision, ``(R, F, F)``, or its diagonal in the
+        site's shape; ``data_rhs`` the likelihood's linear term, in the site's shape. Errors start with ``what``.
     """
-    layout = guide.structured_sites[site]  # type: ignore[index]
+    if data_precision is None or data_rhs is None:
+        raise ValueError(f"{what}: a WHVI site takes q(g) from the likelihood part; pass data_precision and data_rhs.")
     num_blocks, block_size = layout.block_shape
     rows, cols = num_blocks * block_size, block_size
     # The projection and q(g) are solved in float64 whatever the guide's dtype: the normal equations
-    # of the fit are ill-conditioned in float32 (set_param casts the results back).
-    mean, precision, rhs = mean.double(), precision.double(), rhs.double()
+    # of the fit are ill-conditioned in float32 (the guide casts the results back).
+    mean, precision, rhs = mean.double(), data_precision.double(), data_rhs.double()
     row_precisions = precision.dim() == 3 and precision.shape[-1] == precision.shape[-2]
     full_rows = row_precisions and layout.kind == "matrix" and block_size <= FULL_ROW_PRECISION_MAX_BLOCK
     # A one-row weight laid out as a vector (expose="all") spreads its row over several grid rows, whose
@@ -140,33 +151,15 @@ def _assign_whvi(guide: AutoWHVIGuide, site: str, mean: Tensor, precision: Tenso
     else:
         grid_precision = _block_view(precision, layout, rows, cols).reshape(num_blocks, block_size, block_size)
     blocks = (num_blocks, block_size, block_size)
-    s1 = deep_getattr(guide.whvi_s1, site).detach().double()
-    s2 = deep_getattr(guide.whvi_s2, site).detach().double()
-    lam = guide.prior_variance
-    s1, projected_g, s2 = project_onto_whvi(mean, layout, s1, s2, lam)
+    s1, projected_g, s2 = project_onto_whvi(mean, layout, s1.double(), s2.double(), prior_variance)
     eye = torch.eye(block_size, dtype=s1.dtype, device=s1.device)
-    g_precision = whvi_precision(s1, s2, grid_precision, diagonal=False) + eye / lam
+    g_precision = whvi_precision(s1, s2, grid_precision, diagonal=False) + eye / prior_variance
     g_rhs = whvi_rhs(s1, s2, _block_view(rhs, layout, rows, cols).view(blocks))
-    chol = cholesky_with_jitter(g_precision, f"iblm_: q(g) of {site!r}")
-    qg = GaussianQG.from_precision(guide.covariance, g_precision, g_rhs, cholesky=chol, rank=guide.qg(site).rank)
+    chol = cholesky_with_jitter(g_precision, f"{what}: q(g)")
+    qg = GaussianQG.from_precision(current.kind, g_precision, g_rhs, cholesky=chol, rank=current.rank)
     if vector_rows and projected_g is not None:
         qg = dataclasses.replace(qg, loc=projected_g)
-    set_param(guide.whvi_s1, site, s1)
-    set_param(guide.whvi_s2, site, s2)
-    guide.set_qg_(site, qg, "iblm_")
-
-
-def set_whvi_isotropic(guide: AutoWHVIGuide, site: str, weight_variance: float) -> None:
-    r"""``q(g) = N(0, sigma^2 I)`` with ``sigma`` giving the weight entries variance ``weight_variance``.
-
-    With :math:`g_k` independent of variance :math:`\sigma^2`, :math:`\operatorname{Var} W_{ij} =
-    s_{1,i}^2 s_{2,j}^2 \sigma^2 / D`; ``s1``, ``s2`` are kept and their mean squares used.
-    """
-    s1 = deep_getattr(guide.whvi_s1, site).detach()
-    s2 = deep_getattr(guide.whvi_s2, site).detach()
-    sigma = (weight_variance * s1.shape[-1] / (s1.pow(2).mean() * s2.pow(2).mean())).sqrt()
-    qg = GaussianQG.isotropic(guide.covariance, torch.zeros_like(s1), sigma, rank=guide.qg(site).rank)
-    guide.set_qg_(site, qg, "iblm_")
+    return s1, s2, qg
 
 
 def _nonnegative_solve(matrix: Tensor, target: Tensor, iterations: int = 500) -> Tensor:
@@ -178,33 +171,11 @@ def _nonnegative_solve(matrix: Tensor, target: Tensor, iterations: int = 500) ->
     return x.clamp_min(1e-12 * target.max())
 
 
-def _assign_vsd(guide: AutoVSDGuide, site: str, mean: Tensor, precision: Tensor) -> None:
-    vsd_site = guide.structured_sites[site]  # type: ignore[index]
-    grouped = (precision * mean.pow(2)).movedim(vsd_site.noise_dim, 0).reshape(vsd_site.num_noise, -1)
-    target = vsd_site.num_columns / grouped.sum(-1).clamp_min(1e-30)
+def fit_vsd_alpha(site, mean: Tensor, precision: Tensor, householder_matrix: Tensor) -> Tensor:
+    r""":math:`\alpha` of a VSD site (a :class:`~pyro_whvi.infer.vsd.VSDSite`) whose :math:`\Theta` is ``mean``,
+    for a Gaussian with the diagonal precision ``precision``; ``householder_matrix`` is the site's ``U``. See the module
+    docstring."""
+    grouped = (precision * mean.pow(2)).movedim(site.noise_dim, 0).reshape(site.num_noise, -1)
+    target = site.num_columns / grouped.sum(-1).clamp_min(1e-30)
     target = target.clamp(1e-6, 1e2)
-    orthogonal = guide.noise_distribution(site).householder_matrix.detach()
-    alpha = _nonnegative_solve(orthogonal.pow(2), target)
-    set_param(guide.vsd_theta, site, mean)
-    set_param(guide.vsd_alpha, site, alpha)
-
-
-def assign_layer(guide, weight_site: str, bias_site: str | None, layer: LayerGaussian) -> None:
-    """Set ``guide``'s ``q`` for a layer's weight (and bias) from ``layer``; see the module docstring."""
-    structured = guide.structured_sites or {} if isinstance(guide, StructuredAutoGuide) else {}
-    if isinstance(guide, AutoWHVIGuide) and weight_site in structured:
-        _assign_whvi(guide, weight_site, layer.weight_mean, layer.row_data_precision, layer.row_data_rhs)
-    elif isinstance(guide, AutoVSDGuide) and weight_site in structured:
-        _assign_vsd(guide, weight_site, layer.weight_mean, layer.weight_precision)
-    else:
-        _set_mean_field(guide, weight_site, layer.weight_mean, layer.weight_precision)
-    if bias_site is None or layer.bias_mean is None or layer.bias_precision is None:
-        return
-    if isinstance(guide, AutoWHVIGuide) and bias_site in structured:
-        assert layer.bias_data_precision is not None
-        rhs = layer.bias_data_precision * layer.bias_mean
-        _assign_whvi(guide, bias_site, layer.bias_mean, layer.bias_data_precision, rhs)
-    elif isinstance(guide, AutoVSDGuide) and bias_site in structured:
-        _assign_vsd(guide, bias_site, layer.bias_mean, layer.bias_precision)
-    else:
-        _set_mean_field(guide, bias_site, layer.bias_mean, layer.bias_precision)
+    return _nonnegative_solve(householder_matrix.detach().pow(2), target)

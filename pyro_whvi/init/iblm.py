@@ -59,9 +59,10 @@ from tqdm.auto import tqdm
 
 from ..distributions.whvi_matrix import base_distribution
 from ..ops._checks import check_finite
-from .assign import LayerGaussian, assign_layer, check_guide
+from .assign import LayerGaussian, assign_layer
 from .batches import BatchStream
 from .blm import blm_posterior, dirichlet_label_transform, evidence_hyperparameters
+from .guide_protocol import site_initializer
 from .layers import (
     BayesianLayer,
     Likelihood,
@@ -134,7 +135,7 @@ def _hyperparameters(inputs, targets, noise, prior_loc, prior_var, settings, hid
 
 def _snapshot(guide) -> list[tuple[str, Tensor, Tensor]]:
     """``(name, tensor, copy)`` of every tensor ``iblm_`` may write: the guide's parameters and their
-    param-store entries (``set_param`` writes both when they are distinct tensors)."""
+    param-store entries (the guides write both when they are distinct tensors)."""
     tensors = dict(guide.named_parameters())
     prefix = guide._pyro_name + "."
     tensors.update((name, t) for name, t in pyro.get_param_store().named_parameters() if name.startswith(prefix))
@@ -273,9 +274,10 @@ def iblm_(
     reproducible minibatches and draws. On any error (bad data, a non-finite fit) the guide is left
     as it was.
 
-    :param guide: an :class:`~pyro_whvi.AutoWHVIGuide`, :class:`~pyro_whvi.AutoVSDGuide` or Pyro's
-        ``AutoNormal`` over a ``PyroModule`` model with ``nn.Linear``/``nn.Conv1d``/``nn.Conv2d`` layers
-        whose weights are latent ``PyroSample`` sites and one observed Normal or Categorical site.
+    :param guide: an :class:`~pyro_whvi.AutoWHVIGuide`, :class:`~pyro_whvi.AutoVSDGuide`, Pyro's ``AutoNormal``
+        or a :class:`~pyro_whvi.init.guide_protocol.SiteInitializer`, over a ``PyroModule`` model with ``nn.Linear``/
+        ``nn.Conv1d``/``nn.Conv2d`` layers whose weights are latent ``PyroSample`` sites and one observed Normal or
+        Categorical site.
     :param data: ``(x, y)`` tensors, or an iterable of ``(x, y)`` batches such as a ``DataLoader``
         (its batch size is then used; a shorter last batch is skipped); at least 2 examples per batch.
         Class labels are ``(N,)`` or ``(N, 1)`` indices, or ``(N, k)`` one-hot rows.
@@ -299,7 +301,7 @@ def iblm_(
     References:
         I-BLM paper (Rossi et al., ICML 2019): §4.1–4.5, Algorithm 1, App. B–D.
     """
-    check_guide(guide)
+    initializer = site_initializer(guide, "iblm_")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"iblm_: batch_size must be a positive int, got {batch_size!r}.")
     if not (noise_variance == "evidence" or (isinstance(noise_variance, (int, float)) and noise_variance > 0)):
@@ -363,7 +365,7 @@ def iblm_(
             for index, layer in enumerate(layers):
                 bar.set_postfix_str(layer.weight_site)
                 gaussian = _fit_layer(guide, layer, likelihood, stream, index == len(layers) - 1, settings, bar)
-                assign_layer(guide, layer.weight_site, layer.bias_site, gaussian)
+                assign_layer(initializer, layer.weight_site, layer.bias_site, gaussian)
                 _check_written(snapshot, layer)
     except BaseException:
         _restore(snapshot)
