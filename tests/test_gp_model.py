@@ -1,5 +1,6 @@
 """RandomFeatureGP against exact answers: dense linear algebra for its moments and KL, the conjugate
-optimum for its ELBO, and GPyTorch's ExactGP for its predictive."""
+optimum for its ELBO, GPyTorch's ExactGP for its predictive, and GPyTorch's own ELBOs and likelihoods
+(it is an ApproximateGP whose inducing variables are the weights) against the closed forms."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from scipy.linalg import hadamard
 
 from pyro_whvi.experiments.engine import Minibatches, Schedule
 from pyro_whvi.experiments.gp_regressors import RandomFeatureRegressor
-from pyro_whvi.gp import RandomFeatureGP, RandomFeatureKernel
+from pyro_whvi.gp import RandomFeatureGP, RandomFeatureKernel, RandomFeatureVariationalStrategy
 
 POSTERIORS = [("gaussian", "diagonal"), ("gaussian", "full"), ("whvi", "diagonal"), ("whvi", "full")]
 
@@ -174,12 +175,16 @@ def test_training_reaches_the_conjugate_elbo(posterior, covariance):
 
 @pytest.mark.parametrize(("posterior", "covariance"), POSTERIORS)
 def test_regressor_loss_is_gpytorchs_variational_elbo(posterior, covariance):
+    """The regressor writes GPyTorch's ELBO out in closed form (for speed): equal up to the order of the
+    sums, a few ulps in float64 (see test_gpytorchs_elbos_equal_the_closed_form)."""
     x, y = _data(n=30)
+    x, y = x.double(), y.double()
     regressor = RandomFeatureRegressor(2, 32, "fastfood", posterior, covariance, seed=1)
     _randomize(regressor.model, seed=3)
     regressor.likelihood.noise = 0.3
     mll = gpytorch.mlls.VariationalELBO(regressor.likelihood, regressor.model, num_data=100)
-    assert torch.allclose(regressor.negative_elbo(x[:10], y[:10], 100), -mll(regressor.model(x[:10]), y[:10]))
+    expected = -mll(regressor.model(x[:10]), y[:10])
+    torch.testing.assert_close(regressor.negative_elbo(x[:10], y[:10], 100), expected, rtol=1e-12, atol=1e-12)
 
 
 def test_works_with_gaussian_likelihood_and_gpytorch_metrics():
@@ -205,6 +210,127 @@ def test_state_dict_round_trip_and_noise_held_fixed():
     copy.load_state_dict(regressor.state_dict())
     for a, b in zip(copy.predict(x), regressor.predict(x)):
         assert torch.allclose(a, b)
+
+
+def _float64_model(posterior: str, covariance: str, seed: int = 0) -> RandomFeatureGP:
+    kernel = RandomFeatureKernel(24, "sorf", num_dims=3, seed=seed).double()  # WHVI: 48 features in 8 x 8
+    model = RandomFeatureGP(kernel, posterior, covariance)
+    _randomize(model, seed)
+    return model
+
+
+def test_is_a_gpytorch_approximate_gp_whose_inducing_variables_are_the_weights():
+    model = RandomFeatureGP(RandomFeatureKernel(8, num_dims=2), "whvi", "full")
+    assert isinstance(model, gpytorch.models.ApproximateGP)
+    strategy = model.variational_strategy
+    assert isinstance(strategy, RandomFeatureVariationalStrategy)
+    assert isinstance(strategy, gpytorch.variational._VariationalStrategy)
+    assert isinstance(model.weights, gpytorch.variational._VariationalDistribution)
+    assert model.weights is strategy._variational_distribution
+    assert strategy.inducing_points.shape == (model.weights.latent_dim, 0)  # weights have no input locations
+    # q's tensors alone make the state dict: the strategy's placeholder buffers carry nothing
+    assert {name.rsplit(".", 1)[0] for name in model.state_dict() if "variational_strategy" in name} == {
+        "variational_strategy._variational_distribution"
+    }
+
+
+@pytest.mark.parametrize(("posterior", "covariance"), POSTERIORS)
+def test_gpytorchs_elbos_equal_the_closed_form(posterior, covariance):
+    """VariationalELBO and PredictiveLogLikelihood of GPyTorch on the model against the Gaussian closed forms
+    from its mean ``m`` and root ``B`` (variance ``v = |B_i|^2``) and the KL, in float64.
+
+    ELBO: ``mean_i[-log(2 pi s)/2 - ((y_i - m_i)^2 + v_i) / (2 s)] - KL / num_data``; predictive log
+    likelihood: ``mean_i[log N(y_i; m_i, v_i + s)] - KL / num_data``. Each side adds the same ``n = 20``
+    terms of size O(1) in another order, so they agree to a few ulps of the sum (about ``n * 2^-52``,
+    under 1e-14); ``rtol = atol = 1e-12`` leaves two orders of magnitude for the log and the division.
+    """
+    x, y = _data(n=20, d=3, seed=1)
+    x, y = x.double(), y.double()
+    model = _float64_model(posterior, covariance)
+    likelihood = gpytorch.likelihoods.GaussianLikelihood().double()
+    likelihood.noise = 0.3
+    num_data = 100
+    mean, root = model.mean_and_root(x)
+    variance, noise = root.pow(2).sum(-1), likelihood.noise.detach()
+    kl = model.variational_strategy.kl_divergence()
+    expected = -0.5 * torch.log(2 * math.pi * noise) - ((y - mean).pow(2) + variance) / (2 * noise)
+    elbo = expected.mean() - kl / num_data
+    predictive = torch.distributions.Normal(mean, (variance + noise).sqrt()).log_prob(y).mean() - kl / num_data
+
+    model.train()
+    gpytorch_elbo = gpytorch.mlls.VariationalELBO(likelihood, model, num_data)(model(x), y)
+    gpytorch_predictive = gpytorch.mlls.PredictiveLogLikelihood(likelihood, model, num_data)(model(x), y)
+    torch.testing.assert_close(gpytorch_elbo, elbo, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(gpytorch_predictive, predictive, rtol=1e-12, atol=1e-12)
+    # the gamma-robust ELBO reads the same mean and variance
+    robust = gpytorch.mlls.GammaRobustVariationalELBO(likelihood, model, gamma=1.03, num_data=num_data)(model(x), y)
+    robust.backward()
+    assert torch.isfinite(robust) and model.weights.loc.grad is not None
+
+
+@pytest.mark.parametrize(("posterior", "covariance"), POSTERIORS)
+def test_train_and_eval_mode_give_the_same_root_operator_distribution(posterior, covariance):
+    x = torch.randn(12, 3, dtype=torch.float64)
+    model = _float64_model(posterior, covariance)
+    mean, root = model.mean_and_root(x)
+    for training in (True, False):
+        model.train(training)
+        with torch.no_grad():
+            dist = model(x)
+        assert isinstance(dist, gpytorch.distributions.MultivariateNormal)
+        assert isinstance(dist.lazy_covariance_matrix, (LowRankRootLinearOperator, RootLinearOperator))
+        assert torch.equal(dist.mean, mean.detach())
+        assert torch.equal(dist.lazy_covariance_matrix.root.to_dense(), root.detach())  # N x R, never N x N
+
+
+@pytest.mark.parametrize(("posterior", "covariance"), POSTERIORS)
+def test_likelihood_predictive_variance_is_root_row_norms_plus_noise(posterior, covariance):
+    x = torch.randn(15, 3, dtype=torch.float64)
+    model = _float64_model(posterior, covariance).eval()
+    likelihood = gpytorch.likelihoods.GaussianLikelihood().double().eval()
+    likelihood.noise = 0.05
+    with torch.no_grad():
+        mean, root = model.mean_and_root(x)
+        expected = root.pow(2).sum(-1) + likelihood.noise
+        for fast in (False, True):
+            with gpytorch.settings.fast_pred_var(fast):
+                predictive = likelihood(model(x))
+            torch.testing.assert_close(predictive.mean, mean, rtol=0, atol=0)
+            torch.testing.assert_close(predictive.variance, expected, rtol=1e-14, atol=0)
+
+
+@pytest.mark.parametrize(("posterior", "covariance"), POSTERIORS)
+def test_strategy_kl_forward_and_prior_are_gpytorchs_definitions(posterior, covariance):
+    """The closed-form KL is GPyTorch's KL of the strategy's q(z) and p(z); ``forward`` (GPyTorch's
+    marginalization hook, for any Gaussian q(u) handed in) gives what a call gives; ``prior=True`` is the
+    linearized GP's prior, ``lambda Psi Psi^T`` (for a Gaussian q(w): the random-feature kernel)."""
+    x = torch.randn(9, 3, dtype=torch.float64)
+    model = _float64_model(posterior, covariance)
+    strategy = model.variational_strategy
+    q, p = strategy.variational_distribution, strategy.prior_distribution
+    torch.testing.assert_close(strategy.kl_divergence(), torch.distributions.kl_divergence(q, p))
+
+    called = model(x)
+    forward = strategy.forward(x, strategy.inducing_points, q.mean, q.lazy_covariance_matrix)
+    torch.testing.assert_close(forward.mean, called.mean)
+    torch.testing.assert_close(forward.covariance_matrix, called.covariance_matrix)
+
+    design = strategy.design(x)
+    prior = model(x, prior=True)
+    torch.testing.assert_close(prior.mean, torch.zeros_like(prior.mean))
+    torch.testing.assert_close(prior.covariance_matrix, model.weights.prior_variance * design @ design.mT)
+    if posterior == "gaussian":
+        torch.testing.assert_close(prior.covariance_matrix, model.covar_module(x).to_dense())
+
+
+def test_loads_state_dicts_written_before_the_variational_strategy():
+    """Earlier versions kept q's tensors directly under ``variational_strategy.``; they still load, strictly."""
+    model = _float64_model("whvi", "full", seed=5)
+    old_keys = {k.replace("_variational_distribution.", ""): v for k, v in model.state_dict().items()}
+    assert "variational_strategy.loc" in old_keys
+    fresh = _float64_model("whvi", "full", seed=6)
+    fresh.load_state_dict(old_keys)
+    torch.testing.assert_close(fresh.state_dict(), model.state_dict(), rtol=0, atol=0)
 
 
 def test_bad_input_gets_specific_errors():

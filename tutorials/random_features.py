@@ -78,8 +78,9 @@ fig.savefig(OUT / "random_features_kernel_error.png", dpi=120)
 # %% [markdown]
 # ## 2. A random-feature GP in plain GPyTorch
 #
-# `RandomFeatureGP` returns a `MultivariateNormal` over `f` with a low-rank root covariance, and
-# exposes its KL where `gpytorch.mlls.VariationalELBO` looks for it, so the usual GPyTorch loop works.
+# `RandomFeatureGP` is a `gpytorch.models.ApproximateGP` whose variational strategy treats the weights
+# `w` as the inducing variables: it returns a `MultivariateNormal` over `f` with a low-rank root
+# covariance and supplies `KL(q(w) || p(w))`, so the usual GPyTorch loop works.
 # We fit the WHVI paper's 1-D problem (note the gap in the inputs) with a WHVI posterior over 1,024
 # features — 128 variational parameters — and with a mean-field Gaussian over 64 features, which has
 # the same count.

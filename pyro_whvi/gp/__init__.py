@@ -1,7 +1,8 @@
 """Random-feature Gaussian processes on the FWHT for GPyTorch (WHVI paper App. D.4).
 
 * :class:`RandomFeatureKernel` — RBF random Fourier features with dense, Fastfood or SORF projections.
-* :class:`RandomFeatureGP` — the linearized GP ``f = Phi(x) w`` with a Gaussian or WHVI posterior over ``w``.
+* :class:`RandomFeatureGP` — the linearized GP ``f = Phi(x) w`` with a Gaussian or WHVI posterior over ``w``,
+  a GPyTorch ``ApproximateGP`` whose :class:`RandomFeatureVariationalStrategy` treats ``w`` as the inducing variables.
 
 Fitting and predicting with them next to inducing-point baselines is the application's
 (:mod:`pyro_whvi.experiments.gp_regressors`, :mod:`pyro_whvi.experiments.baselines`).
@@ -10,6 +11,7 @@ Fitting and predicting with them next to inducing-point baselines is the applica
 from .kernel import RandomFeatureKernel
 from .posteriors import COVARIANCES, GaussianWeightPosterior, WeightPosterior, WHVIWeightPosterior
 from .random_feature_gp import POSTERIORS, RandomFeatureGP, check_regression_data
+from .variational_strategy import RandomFeatureVariationalStrategy
 
 __all__ = [
     "COVARIANCES",
@@ -17,6 +19,7 @@ __all__ = [
     "GaussianWeightPosterior",
     "RandomFeatureGP",
     "RandomFeatureKernel",
+    "RandomFeatureVariationalStrategy",
     "WHVIWeightPosterior",
     "WeightPosterior",
     "check_regression_data",

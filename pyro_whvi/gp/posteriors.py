@@ -8,7 +8,9 @@ Every posterior is linear-Gaussian in its latent ``z ~ N(mu, C C^T)``: ``f = Psi
 implements; the predictive mean ``Psi mu``, the covariance root ``Psi C`` (``N x R``, never ``N x N``),
 the closed-form KL and the conjugate optimum are shared, and are those of the one ``q(g)`` family,
 :class:`~pyro_whvi.distributions.qg_family.GaussianQG` (this module only stores its values, with
-softplus-parameterized scales).
+softplus-parameterized scales). Each posterior is GPyTorch's variational distribution over these
+"inducing" weights (:class:`gpytorch.variational._VariationalDistribution`); the strategy that maps it
+to ``q(f)`` is :class:`~pyro_whvi.gp.variational_strategy.RandomFeatureVariationalStrategy`.
 
 * :class:`GaussianWeightPosterior`: ``z = w``, ``Psi = Phi``, prior ``N(0, I)``.
 * :class:`WHVIWeightPosterior`: ``w`` reshaped into a ``D x D`` matrix ``W = S1 H diag(g) H S2`` with
@@ -26,9 +28,11 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 
-import gpytorch
 import torch
 import torch.nn.functional as F
+from gpytorch.distributions import MultivariateNormal
+from gpytorch.variational import _VariationalDistribution
+from linear_operator.operators import CholLinearOperator, DiagLinearOperator, TriangularLinearOperator
 from torch import Tensor
 
 from ..distributions.layout import WHVILayout
@@ -41,8 +45,12 @@ __all__ = ["COVARIANCES", "GaussianWeightPosterior", "WHVIWeightPosterior", "Wei
 COVARIANCES = ("diagonal", "full")
 
 
-class WeightPosterior(gpytorch.Module, ABC):
+class WeightPosterior(_VariationalDistribution, ABC):
     r"""``q(z) = N(mu, C C^T)`` with ``C`` diagonal or lower-triangular, prior ``N(0, lambda I)``.
+
+    GPyTorch's variational distribution over the ``L`` inducing variables ``z`` (:meth:`forward` is
+    ``q(z)``); the model's predictive uses :meth:`mean_and_root_of_design` instead, which hands the
+    root ``C`` over without building the ``L x L`` covariance.
 
     :param latent_dim: ``L``.
     :param covariance: ``"diagonal"`` (mean-field) or ``"full"`` (Cholesky factor).
@@ -54,7 +62,7 @@ class WeightPosterior(gpytorch.Module, ABC):
     """
 
     def __init__(self, latent_dim: int, covariance: str, prior_variance: float, init_scale: float | None = None):
-        super().__init__()
+        super().__init__(latent_dim)
         check_covariance(covariance, COVARIANCES, "WeightPosterior")
         if not prior_variance > 0:
             raise ValueError(f"prior_variance must be positive, got {prior_variance!r}.")
@@ -62,6 +70,7 @@ class WeightPosterior(gpytorch.Module, ABC):
         self.covariance = covariance
         self.prior_variance = float(prior_variance)
         sigma = init_scale if init_scale is not None else 0.1 * math.sqrt(prior_variance)
+        self.init_scale = sigma
         initial = GaussianQG.isotropic(covariance, torch.zeros(latent_dim), sigma)
         self.loc = torch.nn.Parameter(initial.loc)
         self.raw_scale = torch.nn.Parameter(softplus_inverse(_root_diagonal(initial)))
@@ -91,6 +100,23 @@ class WeightPosterior(gpytorch.Module, ABC):
         if self.covariance == "diagonal":
             return torch.diag_embed(self.scale)
         return torch.tril(self.scale_tril_offdiag, -1) + torch.diag_embed(self.scale)
+
+    def forward(self) -> MultivariateNormal:
+        """``q(z)`` as GPyTorch's :class:`~gpytorch.distributions.MultivariateNormal` (covariance ``C C^T`` lazily)."""
+        if self.covariance == "diagonal":
+            return MultivariateNormal(self.loc, DiagLinearOperator(self.scale.pow(2)))
+        return MultivariateNormal(self.loc, CholLinearOperator(TriangularLinearOperator(self.scale_tril)))
+
+    @torch.no_grad()
+    def initialize_variational_distribution(self, prior_dist: MultivariateNormal) -> None:
+        """Reset ``q`` to its initial state: the prior's mean and :attr:`init_scale` standard deviations.
+
+        The strategy never calls it (``q`` is initialized when built); it is GPyTorch's hook for a reset.
+        """
+        self.loc.copy_(prior_dist.mean)
+        self.raw_scale.copy_(softplus_inverse(torch.full_like(self.raw_scale, self.init_scale)))
+        if self.covariance == "full":
+            self.scale_tril_offdiag.zero_()
 
     def mean_and_root(self, features: Tensor) -> tuple[Tensor, Tensor]:
         """Predictive mean ``(..., N)`` and covariance root ``(..., N, L)`` of ``f`` at these features."""

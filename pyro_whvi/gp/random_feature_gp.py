@@ -1,11 +1,15 @@
-r"""The linearized GP ``f = Phi(x) w`` as a GPyTorch model.
+r"""The linearized GP ``f = Phi(x) w`` as a GPyTorch approximate GP.
 
-Shape letters: ``N`` inputs, ``d`` input dimensions, ``F`` features, ``...`` batch.
+Shape letters: ``N`` inputs, ``d`` input dimensions, ``F`` features, ``R`` columns of the covariance
+root, ``...`` batch.
 
-:class:`RandomFeatureGP` returns a :class:`gpytorch.distributions.MultivariateNormal` over ``f`` whose
-covariance is a root operator ``Psi C (Psi C)^T`` (never a dense ``N x N`` matrix), so it composes
-with :class:`gpytorch.likelihoods.GaussianLikelihood`, :class:`gpytorch.mlls.VariationalELBO` (its
-``variational_strategy`` supplies the KL) and :mod:`gpytorch.metrics`.
+:class:`RandomFeatureGP` is a :class:`gpytorch.models.ApproximateGP` whose inducing variables are the
+weights ``w`` (or WHVI's ``g``): its
+:class:`~pyro_whvi.gp.variational_strategy.RandomFeatureVariationalStrategy` returns a
+:class:`gpytorch.distributions.MultivariateNormal` over ``f`` whose covariance is a root operator
+``Psi C (Psi C)^T`` (never a dense ``N x N`` matrix), and supplies ``KL(q(w) || p(w))``. So GPyTorch's
+ELBOs (:class:`gpytorch.mlls.VariationalELBO`, :class:`~gpytorch.mlls.PredictiveLogLikelihood`, ...),
+likelihoods and :mod:`gpytorch.metrics` apply as to any approximate GP.
 
 Example::
 
@@ -27,12 +31,11 @@ from __future__ import annotations
 import gpytorch
 import torch
 from gpytorch.distributions import MultivariateNormal
-from linear_operator.operators import LowRankRootLinearOperator, RootLinearOperator
 from torch import Tensor
 
-from .fourier_design import whvi_fourier_design
 from .kernel import RandomFeatureKernel
 from .posteriors import COVARIANCES, GaussianWeightPosterior, WeightPosterior, WHVIWeightPosterior
+from .variational_strategy import RandomFeatureVariationalStrategy, root_covariance
 
 __all__ = ["POSTERIORS", "RandomFeatureGP", "check_regression_data"]
 
@@ -56,8 +59,11 @@ def check_regression_data(x: Tensor, y: Tensor | None = None, input_dim: int | N
             raise ValueError("y contains NaN or infinite values.")
 
 
-class RandomFeatureGP(gpytorch.models.GP):
+class RandomFeatureGP(gpytorch.models.ApproximateGP):
     r"""A GP linearized by random features, :math:`f(x) = \phi(x)^\top w`, :math:`w \sim \mathcal N(0, I)`.
+
+    ``model(x)`` is ``q(f(x))`` (train and eval mode alike), ``model(x, prior=True)`` the prior of the
+    linearized GP (:meth:`forward`), ``model.variational_strategy.kl_divergence()`` the KL of ``q``.
 
     :param kernel: the feature map (its lengthscales and outputscale are learned with the model).
     :param posterior: ``"gaussian"`` (``q(w)`` Gaussian over all ``2m`` weights) or ``"whvi"``
@@ -78,7 +84,6 @@ class RandomFeatureGP(gpytorch.models.GP):
         mean_module: gpytorch.means.Mean | None = None,
         prior_variance: float | None = None,
     ) -> None:
-        super().__init__()
         if not isinstance(kernel, RandomFeatureKernel):
             raise TypeError(
                 f"RandomFeatureGP needs a pyro_whvi.gp.RandomFeatureKernel, got {type(kernel).__name__}; wrap "
@@ -96,44 +101,38 @@ class RandomFeatureGP(gpytorch.models.GP):
             raise ValueError(
                 "RandomFeatureGP: prior_variance applies to posterior='whvi' only (w ~ N(0, I) otherwise)."
             )
-        self.covar_module = kernel
-        self.mean_module = mean_module if mean_module is not None else gpytorch.means.ZeroMean()
         weights: WeightPosterior
         if posterior == "gaussian":
             weights = GaussianWeightPosterior(kernel.num_features, covariance)
         else:
             weights = WHVIWeightPosterior(kernel.num_features, covariance, prior_variance)
-        # Named like ApproximateGP's attribute so that gpytorch.mlls.VariationalELBO finds the KL.
-        self.variational_strategy = weights.to(kernel.raw_lengthscale)
+        super().__init__(RandomFeatureVariationalStrategy(self, weights.to(kernel.raw_lengthscale)))
+        self.covar_module = kernel
+        self.mean_module = mean_module if mean_module is not None else gpytorch.means.ZeroMean()
         self.posterior = posterior
 
     @property
     def weights(self) -> WeightPosterior:
-        return self.variational_strategy
+        """The weight posterior ``q(w)`` (or WHVI's ``q(g)``): the variational strategy's distribution."""
+        return self.variational_strategy.weight_posterior
 
-    def forward(self, x: Tensor) -> MultivariateNormal:
-        if not isinstance(x, Tensor) or x.dim() < 2:
-            raise ValueError(f"RandomFeatureGP: inputs must be a (..., N, d) tensor, got {getattr(x, 'shape', x)}.")
-        mean, root = self.mean_and_root(x)
-        covariance = LowRankRootLinearOperator(root) if root.shape[-1] < root.shape[-2] else RootLinearOperator(root)
-        return MultivariateNormal(mean, covariance)
+    def forward(self, x: Tensor, **kwargs) -> MultivariateNormal:
+        r"""``model(x, prior=True)``: the linearized GP's prior, :math:`\mathcal N(m(x), \lambda \Psi(x) \Psi(x)^\top)`.
+
+        For a Gaussian ``q(w)`` this is the random-feature kernel :math:`\Phi \Phi^\top`; for WHVI the
+        prior of ``f`` under ``g ~ N(0, lambda I)`` with ``S1``, ``S2`` at their current values.
+        """
+        strategy = self.variational_strategy
+        root = strategy.design(x) * self.weights.prior_variance**0.5
+        return MultivariateNormal(strategy.prior_mean(x, torch.zeros_like(root[..., 0])), root_covariance(root))
 
     def mean_and_root(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """Mean ``(..., N)`` and covariance root ``(..., N, R)`` of ``q(f)`` at inputs ``(..., N, d)``.
 
-        For WHVI the design is computed from the feature angles by :func:`whvi_fourier_design` (one
-        compiled backward pass instead of three).
+        For WHVI the design is computed from the feature angles by
+        :func:`~pyro_whvi.gp.fourier_design.whvi_fourier_design` (one compiled backward pass instead of three).
         """
-        if isinstance(self.weights, WHVIWeightPosterior):
-            angles, scale = self.covar_module.feature_angles(x)
-            design = whvi_fourier_design(angles, scale, self.weights.s1, self.weights.s2)
-        else:
-            design = self.weights.design(self.covar_module.feature_map(x))
-        mean, root = self.weights.mean_and_root_of_design(design)
-        return mean + self.mean_module(x), root
-
-    def __call__(self, x: Tensor, **kwargs) -> MultivariateNormal:
-        return self.forward(x)
+        return self.variational_strategy.mean_and_root(x)
 
     @torch.no_grad()
     def set_conjugate_posterior_(self, x: Tensor, y: Tensor, noise_variance: Tensor | float) -> None:

@@ -1,0 +1,153 @@
+r"""GPyTorch's variational strategy for a linearized GP: the inducing variables are the random-feature weights.
+
+Shape letters: ``N`` inputs, ``d`` input dimensions, ``L`` inducing variables (the latent dimension of
+the weight posterior), ``R`` columns of the covariance root, ``...`` batch.
+
+An inducing-point strategy maps ``q(u)`` at inducing inputs ``Z`` to ``q(f)`` through the prior
+conditional ``p(f | u)``. For ``f(x) = Psi(x) z`` the conditional is deterministic given ``z``, so
+``q(z) = N(mu, C C^T)`` (:class:`~pyro_whvi.gp.posteriors.WeightPosterior`) maps to
+
+.. math::
+    q(f) = \mathcal N\big(m(x) + \Psi(x)\,\mu,\; (\Psi(x) C)(\Psi(x) C)^\top\big),
+
+returned with the root operator ``Psi C`` (``N x R``, never ``N x N``). The weights have no input
+locations: :attr:`inducing_points` is an empty ``(L, 0)`` buffer, kept for GPyTorch's interface only.
+
+References:
+    S. Rossi, S. Marmin, M. Filippone. *Walsh-Hadamard Variational Inference for Bayesian Deep
+    Learning*. NeurIPS 2020, App. D.4 (eq. 22) and Table 10.
+    J. Hensman, N. Fusi, N. D. Lawrence. *Gaussian Processes for Big Data*. UAI 2013 (the variational
+    strategy GPyTorch's interface follows).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import gpytorch
+import torch
+from gpytorch.distributions import MultivariateNormal
+from gpytorch.variational import _VariationalStrategy
+from linear_operator.operators import (
+    ConstantDiagLinearOperator,
+    LinearOperator,
+    LowRankRootLinearOperator,
+    RootLinearOperator,
+)
+from torch import Tensor
+
+from .fourier_design import whvi_fourier_design
+from .posteriors import WeightPosterior, WHVIWeightPosterior
+
+if TYPE_CHECKING:
+    from .random_feature_gp import RandomFeatureGP
+
+__all__ = ["RandomFeatureVariationalStrategy", "root_covariance"]
+
+
+def root_covariance(root: Tensor) -> RootLinearOperator:
+    """``root root^T`` as a lazy operator: :class:`LowRankRootLinearOperator` when ``R < N``."""
+    return LowRankRootLinearOperator(root) if root.shape[-1] < root.shape[-2] else RootLinearOperator(root)
+
+
+class RandomFeatureVariationalStrategy(_VariationalStrategy):
+    r"""``q(f(x))`` of ``f = Psi(x) z`` from the weight posterior ``q(z)``; the KL is ``KL(q(z) || p(z))``.
+
+    :param model: the :class:`~pyro_whvi.gp.RandomFeatureGP` (its ``covar_module`` gives the features,
+        its ``mean_module`` the prior mean).
+    :param variational_distribution: ``q(z)`` with prior ``N(0, lambda I)``: ``z = w`` with ``lambda = 1``,
+        or WHVI's ``g``.
+
+    Calling it marginalizes the posterior's own mean and root (no ``L x L`` covariance is formed);
+    :meth:`forward` is the same map for any Gaussian ``q(u)`` handed in, GPyTorch's hook. The
+    posterior is initialized when built, so ``variational_params_initialized`` is 1 from the start.
+
+    References:
+        WHVI paper (Rossi et al., NeurIPS 2020), App. D.4.
+    """
+
+    def __init__(self, model: RandomFeatureGP, variational_distribution: WeightPosterior):
+        latent = variational_distribution.loc
+        no_locations = torch.empty(variational_distribution.latent_dim, 0, dtype=latent.dtype, device=latent.device)
+        super().__init__(model, no_locations, variational_distribution, learn_inducing_locations=False)
+        # Neither buffer carries information, so neither enters the state dict (whose keys stay q's).
+        self.register_buffer("inducing_points", self.inducing_points, persistent=False)
+        initialized = torch.ones((), dtype=torch.long, device=latent.device)
+        self.register_buffer("variational_params_initialized", initialized, persistent=False)
+
+    @property
+    def weight_posterior(self) -> WeightPosterior:
+        """``q(z)``, the module holding the variational parameters."""
+        return self._variational_distribution
+
+    @property
+    def prior_distribution(self) -> MultivariateNormal:
+        """``p(z) = N(0, lambda I)`` (built on each access, so it follows the model's dtype and device)."""
+        loc = self.weight_posterior.loc
+        variance = torch.full((1,), self.weight_posterior.prior_variance, dtype=loc.dtype, device=loc.device)
+        return MultivariateNormal(torch.zeros_like(loc), ConstantDiagLinearOperator(variance, loc.shape[-1]))
+
+    def kl_divergence(self) -> Tensor:
+        """``KL(q(z) || p(z))`` in closed form (:meth:`WeightPosterior.kl_divergence`)."""
+        return self.weight_posterior.kl_divergence()
+
+    def design(self, x: Tensor) -> Tensor:
+        """``Psi(x)``, ``(..., N, L)``: WHVI's from the feature angles by :func:`whvi_fourier_design` (one
+        compiled backward pass instead of three), the features themselves for a Gaussian ``q(w)``."""
+        kernel = self.model.covar_module
+        posterior = self.weight_posterior
+        if isinstance(posterior, WHVIWeightPosterior):
+            angles, scale = kernel.feature_angles(x)
+            return whvi_fourier_design(angles, scale, posterior.s1, posterior.s2)
+        return posterior.design(kernel.feature_map(x))
+
+    def prior_mean(self, x: Tensor, mean: Tensor) -> Tensor:
+        """``mean + m(x)``; a :class:`~gpytorch.means.ZeroMean` is skipped (adding zeros changes no value)."""
+        mean_module = self.model.mean_module
+        return mean if isinstance(mean_module, gpytorch.means.ZeroMean) else mean + mean_module(x)
+
+    def mean_and_root(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """Mean ``(..., N)`` and covariance root ``(..., N, R)`` of ``q(f)`` at inputs ``(..., N, d)``."""
+        mean, root = self.weight_posterior.mean_and_root_of_design(self.design(x))
+        return self.prior_mean(x, mean), root
+
+    def forward(
+        self,
+        x: Tensor,
+        inducing_points: Tensor,
+        inducing_values: Tensor,
+        variational_inducing_covar: LinearOperator | None = None,
+        diag: bool = True,
+        **kwargs: Any,
+    ) -> MultivariateNormal:
+        r"""``q(f)`` for ``q(z) = N(inducing_values, variational_inducing_covar)``: mean ``Psi m``, root
+        ``Psi S^{1/2}``."""
+        if variational_inducing_covar is None:
+            raise NotImplementedError("RandomFeatureVariationalStrategy: q(z) must be Gaussian (got a point mass).")
+        design = self.design(x)
+        root = variational_inducing_covar.root_decomposition().root.to_dense()
+        return MultivariateNormal(self.prior_mean(x, design @ inducing_values), root_covariance(design @ root))
+
+    def __call__(self, x: Tensor, prior: bool = False, diag: bool = True, **kwargs: Any) -> MultivariateNormal:
+        """``q(f(x))`` with the root operator ``Psi(x) C``; ``prior=True``: :meth:`RandomFeatureGP.forward`.
+
+        GPyTorch's base call would build ``q(z)``'s ``L x L`` covariance operator and hand it to
+        :meth:`forward`; here the posterior's own root goes straight in (GPyTorch's LMC, multitask and
+        nearest-neighbour strategies override the call too).
+        """
+        if prior:
+            return self.model.forward(x, **kwargs)
+        if self.training:
+            self._clear_cache()
+        if not isinstance(x, Tensor) or x.dim() < 2:
+            raise ValueError(f"RandomFeatureGP: inputs must be a (..., N, d) tensor, got {getattr(x, 'shape', x)}.")
+        mean, root = self.mean_and_root(x)
+        return MultivariateNormal(mean, root_covariance(root))
+
+    def _load_from_state_dict(self, state_dict: dict, prefix: str, *args: Any, **kwargs: Any) -> None:
+        # Before this strategy existed the posterior itself sat at the strategy's place in the model, so
+        # older state dicts hold q's tensors one level up: move them under ``_variational_distribution.``.
+        for name in self.weight_posterior.state_dict():
+            if prefix + name in state_dict and "." not in name:
+                state_dict[f"{prefix}_variational_distribution.{name}"] = state_dict.pop(prefix + name)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
