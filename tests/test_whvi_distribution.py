@@ -174,3 +174,37 @@ def test_planar_flow_density_is_the_change_of_variables(num_flows):
     torch.testing.assert_close(log_q, expected)
     with pytest.raises(ValueError, match="no closed-form inverse"):
         q.log_prob(value.clone())
+
+
+def test_planar_flow_normal_is_a_transformed_distribution_with_its_own_cache():
+    """Pyro's TransformedDistribution (shapes, support, reparameterized draws); log_prob knows the last
+    rsample() of this distribution, whatever else went through the shared flows since."""
+    loc, scale = torch.randn(2, 4), torch.rand(2, 4) + 0.5
+    flows = [Planar(8).double() for _ in range(2)]
+    q = PlanarFlowNormal(loc, scale, flows)
+    assert isinstance(q, dist.TransformedDistribution) and q.has_rsample
+    assert q.batch_shape == torch.Size() and q.event_shape == (2, 4)
+    assert q.support.event_dim == 2
+    assert q.expand((3,)).batch_shape == (3,)  # Pyro's ExpandedDistribution: the informative plate errors
+
+    value = q.rsample((3,))
+    assert value.shape == (3, 2, 4)
+    expected = q.log_prob(value)
+    assert expected.shape == (3,)
+    other_value, other_log_q = PlanarFlowNormal(loc, scale, flows).rsample_with_log_prob((5,))
+    assert other_value.shape == (5, 2, 4) and other_log_q.shape == (5,)
+    PlanarFlowNormal(loc, scale, flows).rsample()  # another distribution over the same flows
+    q.rsample_with_log_prob((2,))  # a draw that leaves q's cache alone (per-example noise)
+    torch.testing.assert_close(q.log_prob(value), expected)
+
+    q.rsample()  # a newer draw of q itself: only the last one has a known density
+    with pytest.raises(ValueError, match=r"no closed-form inverse.*last value drawn"):
+        q.log_prob(value)
+
+
+def test_planar_flow_normal_argument_errors():
+    loc, scale = torch.zeros(2, 4), torch.ones(2, 4)
+    with pytest.raises(TypeError, match=r"flows\[0\] must be a pyro Planar"):
+        PlanarFlowNormal(loc, scale, [dist.transforms.ExpTransform()])
+    with pytest.raises(ValueError, match=r"flows\[1\] acts on 6 dims, the latent has 8"):
+        PlanarFlowNormal(loc, scale, [Planar(8), Planar(6)])

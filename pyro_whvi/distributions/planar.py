@@ -5,26 +5,66 @@ r"""A diagonal Gaussian pushed through planar flows, over a ``(K, D)`` block of 
 
 .. math:: \log q(z_K) = \log q_0(z_0) - \sum_k \log\lvert 1 + \hat u_k^\top \psi_k(z_{k-1}) \rvert .
 
-The flows are Pyro's :class:`~pyro.distributions.transforms.Planar` (with the constraint on
-:math:`\hat u` that keeps each map invertible). Planar flows have no closed-form inverse, so the
-density is available for the draws this distribution made itself (the same restriction Pyro's
-``TransformedDistribution`` has with them); that is all an ELBO needs.
+:class:`PlanarFlowNormal` is a Pyro :class:`~pyro.distributions.TransformedDistribution`: the base
+``Normal`` over the flattened latent, the flows, then a reshape to the block's shape. The flows are
+Pyro's :class:`~pyro.distributions.transforms.Planar` (with the constraint on :math:`\hat u` that keeps
+each map invertible). Planar flows have no closed-form inverse, so ``log_prob`` works through the
+transforms' caches: it knows the density of the distribution's last ``rsample()``, which is all an
+ELBO needs.
+
+The caches are the distribution's own. The guide's ``Planar`` modules are shared by every
+``PlanarFlowNormal`` of a site and by the model's per-example draws (local reparameterization), so
+their one-draw caches hold whatever went through them last; each distribution therefore wraps them in
+transforms with a cache of their own, and ``rsample_with_log_prob`` draws without touching it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import ClassVar
 
 import torch
-from pyro.distributions import TorchDistribution, constraints
+from pyro.distributions import Normal, TransformedDistribution, constraints
+from pyro.distributions.torch_distribution import TorchDistributionMixin
 from pyro.distributions.transforms import Planar
 from torch import Tensor
+from torch.distributions.transforms import ReshapeTransform, Transform
+from torch.distributions.utils import _sum_rightmost
 
 __all__ = ["PlanarFlowNormal"]
 
 
-class PlanarFlowNormal(TorchDistribution):
+class _OwnCache(Transform):
+    """A shared planar flow with a one-draw cache, and the log-determinant of that draw, of its own."""
+
+    domain = constraints.real_vector
+    codomain = constraints.real_vector
+    bijective = True
+
+    def __init__(self, flow: Planar):
+        super().__init__(cache_size=1)
+        self.flow = flow
+        self._log_det: Tensor | None = None
+
+    def _call(self, x: Tensor) -> Tensor:
+        y = self.flow(x)
+        self._log_det = self.flow.log_abs_det_jacobian(x, y)
+        return y
+
+    def _inverse(self, y: Tensor) -> Tensor:
+        raise ValueError(
+            "PlanarFlowNormal.log_prob: planar flows have no closed-form inverse, so the density is known only "
+            "for the last value drawn by this distribution's rsample(); use rsample_with_log_prob() to get a "
+            "draw and its density at once."
+        )
+
+    def log_abs_det_jacobian(self, x: Tensor, y: Tensor) -> Tensor:
+        x_old, y_old = self._cached_x_y
+        if x is x_old and y is y_old and self._log_det is not None:
+            return self._log_det
+        return self.flow.log_abs_det_jacobian(x, self.flow(x))
+
+
+class PlanarFlowNormal(TransformedDistribution):
     """``q(g)`` of NF-WHVI: ``Normal(loc, scale)`` over the flattened latent, then planar flows.
 
     :param loc: base mean, ``(..., K, D)`` (any event shape; the flows act on it flattened).
@@ -36,10 +76,6 @@ class PlanarFlowNormal(TorchDistribution):
         *Variational Inference with Normalizing Flows*, ICML 2015.
     """
 
-    arg_constraints: ClassVar[dict] = {"loc": constraints.real, "scale": constraints.positive}
-    has_rsample = True
-    _cache_size = 16
-
     def __init__(self, loc: Tensor, scale: Tensor, flows: list[Planar], validate_args=None):
         num_latent = loc.numel()
         for k, flow in enumerate(flows):
@@ -50,37 +86,62 @@ class PlanarFlowNormal(TorchDistribution):
                     f"PlanarFlowNormal: flows[{k}] acts on {flow.u.shape[-1]} dims, the latent has {num_latent}."
                 )
         self.loc, self.scale, self.flows = loc, scale, list(flows)
-        self._drawn: list[tuple[Tensor, Tensor]] = []
-        super().__init__(torch.Size(), loc.shape, validate_args=validate_args)
+        base = Normal(loc.reshape(-1), scale.reshape(-1), validate_args=validate_args).to_event(1)
+        # The reshape caches too: its inverse must hand the last flow the very tensor that flow returned.
+        reshape = ReshapeTransform(torch.Size([num_latent]), loc.shape, cache_size=1)
+        transforms: list[Transform] = [*(_OwnCache(flow) for flow in self.flows), reshape]
+        super().__init__(base, transforms, validate_args=validate_args)
+        self._base_draw: tuple[Tensor, Tensor] | None = None
 
-    @constraints.dependent_property
-    def support(self):
-        return constraints.independent(constraints.real, len(self.event_shape))
+    def expand(self, batch_shape, _instance=None):
+        """Pyro's generic :class:`~pyro.distributions.torch_distribution.ExpandedDistribution` (this
+        distribution's caches stay its own; ``TransformedDistribution.expand`` would share them)."""
+        return TorchDistributionMixin.expand(self, batch_shape, _instance)
 
-    def rsample_with_log_prob(self, sample_shape: Sequence[int] = ()) -> tuple[Tensor, Tensor]:
-        """A reparameterized draw and its log-density, ``(*sample_shape, *event_shape)`` and ``sample_shape``."""
-        shape = torch.Size(sample_shape)
-        loc, scale = self.loc.reshape(-1), self.scale.reshape(-1)
-        eps = torch.randn(shape + loc.shape, dtype=loc.dtype, device=loc.device)
-        z = loc + scale * eps
-        log_q = torch.distributions.Normal(loc, scale).log_prob(z).sum(-1)
-        for flow in self.flows:
-            z_next = flow(z)
-            log_q = log_q - flow.log_abs_det_jacobian(z, z_next)
-            z = z_next
-        return z.reshape(shape + self.event_shape), log_q
+    def rsample(self, sample_shape: Sequence[int] = torch.Size()) -> Tensor:
+        """``TransformedDistribution.rsample``, with the base density of the draw computed right away.
 
-    def rsample(self, sample_shape: Sequence[int] = ()) -> Tensor:
-        value, log_q = self.rsample_with_log_prob(sample_shape)
-        self._drawn = [*self._drawn[-(self._cache_size - 1) :], (value, log_q)]
-        return value
+        The transforms cache the draw; the base density is remembered alongside. Computing it here rather
+        than in ``log_prob`` keeps its autograd nodes ahead of the flows', and backward adds gradients in
+        the order the graph was built: NF-WHVI's stored results were computed that way, bit for bit.
+        """
+        x = self.base_dist.rsample(torch.Size(sample_shape))
+        self._base_draw = (x, self.base_dist.log_prob(x))
+        for transform in self.transforms:
+            x = transform(x)
+        return x
 
     def log_prob(self, value: Tensor) -> Tensor:
-        for drawn, log_q in reversed(self._drawn):
-            if drawn is value:
-                return log_q
-        raise ValueError(
-            "PlanarFlowNormal.log_prob: planar flows have no closed-form inverse, so the density is known only "
-            "for values drawn by this distribution's rsample() (the last "
-            f"{self._cache_size}); use rsample_with_log_prob() to get both at once."
-        )
+        """``TransformedDistribution.log_prob`` with the terms added in the forward order.
+
+        Pyro's adds the log-determinants last flow first and the base density last; this adds the base
+        density first, then each flow's term in order, as NF-WHVI's stored results were computed
+        (floating-point sums depend on the order).
+        """
+        if self._validate_args:
+            self._validate_sample(value)
+        event_dim = len(self.event_shape)
+        log_dets = []
+        y = value
+        for transform in reversed(self.transforms):
+            x = transform.inv(y)
+            event_dim += transform.domain.event_dim - transform.codomain.event_dim
+            log_dets.append(
+                _sum_rightmost(transform.log_abs_det_jacobian(x, y), event_dim - transform.domain.event_dim)
+            )
+            y = x
+        drawn = self._base_draw
+        base_log_prob = drawn[1] if drawn is not None and drawn[0] is y else self.base_dist.log_prob(y)
+        log_prob = _sum_rightmost(base_log_prob, event_dim - len(self.base_dist.event_shape))
+        for log_det in reversed(log_dets):
+            log_prob = log_prob - log_det
+        return log_prob
+
+    def rsample_with_log_prob(self, sample_shape: Sequence[int] = ()) -> tuple[Tensor, Tensor]:
+        """A reparameterized draw and its log-density, ``(*sample_shape, *event_shape)`` and ``sample_shape``.
+
+        The draw leaves this distribution's cache alone: ``log_prob`` still knows its last ``rsample()``.
+        """
+        fresh = type(self)(self.loc, self.scale, self.flows, validate_args=False)
+        value = fresh.rsample(torch.Size(sample_shape))
+        return value, fresh.log_prob(value)
