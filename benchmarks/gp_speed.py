@@ -11,7 +11,7 @@ Two measurements, each a ratio against a baseline timed in the same process:
 
 Times are medians of ``--repeats`` runs of ``--iterations`` calls after a warm-up.
 
-    python benchmarks/gp_speed.py --iterations 40 --repeats 7   # float32, as in the README
+    python benchmarks/gp_speed.py --iterations 40 --repeats 7   # float32, as in docs/results/gp.md
     python benchmarks/gp_speed.py --quick                        # fewer sizes and repeats
     MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=1073741824 \
         python benchmarks/gp_speed.py --stem gp_speed_malloc_tuned # glibc keeps freed blocks

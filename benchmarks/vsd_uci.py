@@ -2,7 +2,7 @@
 
 Both methods: the same network (``BayesianMLP``, N(0, 1/fan_in) priors), Adam, full-batch steps
 (``--batch-size 128 --lr 1e-3 --steps 12000``: the paper's minibatches, about 2,000 epochs on Concrete;
-both methods scored lower with them in a pilot: README),
+both methods scored lower with them in a pilot: docs/results/vsd.md),
 and a Gaussian likelihood whose noise std is held fixed at each of ``--noise-scales``
 (standardized units) and chosen on validation together with the method's one hyperparameter
 (VSD: the KL weight, App. I.2; MC dropout: the rate) and the stopping step, the same protocol and
@@ -10,7 +10,7 @@ number of candidates for both. The paper tunes the likelihood precision by Bayes
 with cross-validation (App. I.3); a learned point estimate of the noise shrinks towards the
 training residuals and the validation score then falls. ``--noise-scales ''`` learns the noise
 instead (held fixed for the first ``--fixed-noise-steps``). VSD starts from :func:`pyro_whvi.iblm_`
-(``--init prior``: from a prior draw, as MC dropout does; no better on average: README). Test
+(``--init prior``: from a prior draw, as MC dropout does; no better on average: docs/results/vsd.md). Test
 log-likelihood (log of the Monte-Carlo predictive mixture, per point) and RMSE in the targets'
 original units, mean ± standard error over splits.
 
@@ -19,8 +19,8 @@ original units, mean ± standard error over splits.
 MC dropout is the same network with dropout on the hidden layer's output, a point estimate under
 the prior (weight decay, Pyro's AutoDelta). VSD puts structured noise on the inputs of both layers;
 ``--vsd-hidden-only`` keeps it to the units MC dropout drops and gives the first layer's weights a
-mean-field Normal (on Concrete splits 0-6 that was worse: README). ``vsd-h`` is VSD with the
-hierarchical prior (§3.3); on Concrete it ties MC dropout (README).
+mean-field Normal (on Concrete splits 0-6 that was worse: docs/results/vsd.md). ``vsd-h`` is VSD with the
+hierarchical prior (§3.3); on Concrete it ties MC dropout (docs/results/vsd.md).
 Every (method, split) is seeded by the split alone, so ``--jobs N`` (N worker processes) and methods
 run in separate processes give the same rows as one run.
 Writes ``vsd_uci_<dataset>.json`` / ``.csv`` / ``.md`` to ``--out``.

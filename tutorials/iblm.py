@@ -158,4 +158,4 @@ for init in ("default", "iblm"):
 # %% [markdown]
 # `benchmarks/iblm_init.py` runs the full comparison (Concrete with a 5 x 100 network and this CNN,
 # `AutoNormal` and `AutoWHVIGuide`, default vs Xavier vs I-BLM, 1,000 SVI steps, 3 seeds); its table is
-# in the README.
+# in the docs, `docs/results/iblm.md`.

@@ -200,4 +200,4 @@ if __name__ == "__main__":
 #
 # The same run with `FIXED_NOISE_STEPS = 0` also ends at 0.30 and its mean follows the valleys more
 # closely, but its band hardly widens in the gap (sd 0.157 there, 0.149 on the data): one seed each,
-# and the toy fit is sensitive to the initialization (see the README's `whvi demo` section).
+# and the toy fit is sensitive to the initialization (see the `whvi demo` results in `docs/cli.md`).

@@ -175,8 +175,8 @@ fig.savefig(OUT / "random_features_vs_inducing.png", dpi=120)
 #   0.113), behind at 64 parameters (0.084 vs 0.078) and level at 128 (0.067 vs 0.067): 64 mean-field
 #   features already fit this smooth 6-D function. The SVGP, with 4 to 16 inducing points and this
 #   short schedule, is not ahead on RMSE here.
-# * Over the five functions of `benchmarks/gp_rf_vs_inducing.py` (README, "Random features vs inducing
-#   points"), WHVI beats the Gaussian posterior in most cells, and clearly with a full covariance.
+# * Over the five functions of `benchmarks/gp_rf_vs_inducing.py` (`docs/results/gp.md`, "Random features vs
+#   inducing points"), WHVI beats the Gaussian posterior in most cells, and clearly with a full covariance.
 #   Inducing points win on MNLL nearly everywhere and on RMSE for the smoother functions at the larger
 #   budgets, as the paper reports: a Nyström approximation built on the data approximates the kernel
 #   more accurately than random features do.

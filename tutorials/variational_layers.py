@@ -105,8 +105,8 @@ fig.savefig(OUT / "variational_layers_band.png", dpi=120)
 # %% [markdown]
 # Measured with the full run (4,000 steps): the posterior sd of `f` is 0.12 in the gap and 0.14 on the
 # data, so on this seed the band does **not** widen in the gap, and the mean misses the data's right
-# end. The toy fit is sensitive to the initialization (the README's `whvi demo` section shows a run
-# where it widens); the biases here are mean-field, where the demo puts them on WHVI blocks too.
+# end. The toy fit is sensitive to the initialization (the `whvi demo` results in `docs/cli.md` show a
+# run where it widens); the biases here are mean-field, where the demo puts them on WHVI blocks too.
 #
 # ## 2. Compile the loss
 #
@@ -155,7 +155,7 @@ for name, seconds in timings.items():
 
 # %% [markdown]
 # `benchmarks/svi_step.py` does this properly (interleaved rounds, widths up to 4096, Pyro's `SVI`
-# rows); the README has its table.
+# rows); `docs/results/whvi.md` has its table.
 #
 # ## 3. The same layers inside a Pyro model
 #

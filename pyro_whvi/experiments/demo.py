@@ -238,7 +238,7 @@ def run_demo(out: Path, config: DemoConfig = DemoConfig(), progress: bool = True
     """Run the demo, write its table and plots to ``out`` and return the metrics per method.
 
     :raises ValueError: for an unknown method, non-positive step counts or no KL weights.
-    :raises ImportError: without matplotlib (the ``[bench]`` extra).
+    :raises ImportError: without matplotlib (the ``[experiments]`` extra).
     """
     unknown = sorted(set(config.methods) - set(METHODS))
     if unknown or not config.methods:
@@ -250,7 +250,7 @@ def run_demo(out: Path, config: DemoConfig = DemoConfig(), progress: bool = True
     try:
         import matplotlib  # noqa: F401
     except ImportError as error:
-        raise ImportError("whvi demo draws its plots with matplotlib: pip install 'pyro_whvi[bench]'") from error
+        raise ImportError("whvi demo draws its plots with matplotlib: pip install 'pyro_whvi[experiments]'") from error
     out.mkdir(parents=True, exist_ok=True)
     jobs: list[tuple[str, float | None]] = []
     for method in config.methods:
