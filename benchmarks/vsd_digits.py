@@ -31,10 +31,10 @@ from _results import environment, report_saved, save_figure
 
 from pyro_whvi import AutoVSDGuide, iblm_
 from pyro_whvi.data import load_digits_split
-from pyro_whvi.experiments.engine import Minibatches, Schedule, train
+from pyro_whvi.experiments.engine import Minibatches, Schedule
 from pyro_whvi.experiments.methods import predictive_samples
 from pyro_whvi.experiments.reporting import save_tables, summarize_by
-from pyro_whvi.experiments.selection import KeepBest, holdout, select_best
+from pyro_whvi.experiments.selection import holdout, select_best, train_keeping_best
 from pyro_whvi.metrics import categorical_nll, error_rate, expected_calibration_error, reliability_diagram
 from pyro_whvi.nn import BayesianCNN, BayesianMLP
 
@@ -77,17 +77,17 @@ def fit_candidate(method: str, kind: str, setting: float, data, fit, val, seed: 
         return -float(categorical_nll(logits, data.y_train[val]))
 
     schedule = Schedule(args.steps, 0, args.batch_size, args.lr, lr_gamma=0.0, lr_power=0.0)
-    keeper = KeepBest([model, guide], validate, args.eval_every, args.steps)
-    train(
+    keeper = train_keeping_best(
         model,
         guide,
         x_fit,
         y_fit,
         schedule,
+        validate,
+        args.eval_every,
         kl_weight=args.kl_weight if method == "mcd" else setting,
         warm_up=False,  # the first step sets the guide up, as in a plain SVI loop (the stored results' streams)
         sampler=Minibatches(num_fit, args.batch_size, seed=None),  # the global stream, as the stored results drew
-        callback=keeper,
         progress=f"{method}={setting}/{kind}/seed {seed}",
     )
     return keeper, model, guide

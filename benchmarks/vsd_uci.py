@@ -47,10 +47,10 @@ from _results import environment
 
 from pyro_whvi import AutoVSDGuide, iblm_
 from pyro_whvi.data import load_uci_split, num_uci_splits
-from pyro_whvi.experiments.engine import Minibatches, Schedule, train
+from pyro_whvi.experiments.engine import Minibatches, Schedule
 from pyro_whvi.experiments.methods import predictive_samples
 from pyro_whvi.experiments.reporting import save_tables, summarize_by
-from pyro_whvi.experiments.selection import KeepBest, holdout, select_best
+from pyro_whvi.experiments.selection import holdout, select_best, train_keeping_best
 from pyro_whvi.metrics import gaussian_mnll, rmse
 from pyro_whvi.nn import BayesianMLP
 
@@ -96,18 +96,18 @@ def fit_candidate(method: str, candidate: tuple[float, float | None], data, fit,
     # A held noise is never trained; a learned one is held for the first --fixed-noise-steps.
     fixed = args.fixed_noise_steps if held_noise is None else 0
     schedule = Schedule(args.steps, fixed, args.batch_size or None, args.lr, lr_gamma=0.0, lr_power=0.0)
-    keeper = KeepBest([model, guide], validate, args.eval_every, args.steps)
-    train(
+    keeper = train_keeping_best(
         model,
         guide,
         x_fit,
         y_fit,
         schedule,
+        validate,
+        args.eval_every,
         seed=split,
         kl_weight=args.kl_weight if method == "mcd" else setting,
         warm_up=False,  # the first step sets the guide up, as in a plain SVI loop (the stored results' streams)
         sampler=Minibatches(len(y_fit), schedule.batch_size, split, replacement=False, drop_last=False),
-        callback=keeper,
         progress=f"{method}={setting}" + ("" if held_noise is None else f", noise {held_noise}") + f" split {split}",
     )
     return keeper, guide, model

@@ -14,8 +14,11 @@ from typing import Any, TypeVar
 
 import pyro
 import torch
+from torch import Tensor
 
-__all__ = ["KeepBest", "holdout", "select_best"]
+from .engine import Schedule, train
+
+__all__ = ["KeepBest", "holdout", "select_best", "train_keeping_best"]
 
 Setting = TypeVar("Setting")
 
@@ -69,6 +72,16 @@ class KeepBest:
         pyro.clear_param_store()
         for module, state in zip(self.modules, self.best_state):
             module.load_state_dict(state)
+
+
+def train_keeping_best(
+    model, guide, x: Tensor, y: Tensor, schedule: Schedule, score: Callable[[], float], every: int, **options
+) -> KeepBest:
+    """:func:`~pyro_whvi.experiments.engine.train` with ``score()`` taken every ``every`` steps and at the last;
+    returns the :class:`KeepBest` holding the best state of ``model`` and ``guide`` (``options`` go to ``train``)."""
+    keeper = KeepBest([model, guide], score, every, schedule.steps)
+    train(model, guide, x, y, schedule, callback=keeper, **options)
+    return keeper
 
 
 def select_best(settings: Iterable[Setting], fit: Callable[[Setting], tuple]) -> tuple:
