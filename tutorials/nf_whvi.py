@@ -9,8 +9,9 @@
 #   one weight draw. It is on by default; `guide.local_reparameterization = False` turns it off.
 # * **Normalizing flows over `g`** (NF-WHVI, §2.5 and App. C): `g = f_K ∘ … ∘ f_1(g_0)` with planar
 #   flows `f(z) = z + u tanh(w^T z + b)` (Pyro's `Planar`) on a diagonal Gaussian `g_0`: a
-#   non-Gaussian, still `O(D)`-parameter posterior. `q(W x)` is then not Gaussian, so one `g` is drawn
-#   per step and local reparameterization does not apply.
+#   non-Gaussian, still `O(D)`-parameter posterior. `q(W x)` is then not Gaussian, but the guide still
+#   draws `g` itself per example (each example's `g_0` through the flows), so the per-example draws and
+#   their lower gradient variance carry over; `local_reparameterization = False` again draws one `g`.
 #
 # `PYRO_WHVI_TUTORIAL_FAST=1` runs a short version (the test suite does); `PYRO_WHVI_TUTORIAL_OUT`
 # says where the figures go.
@@ -130,7 +131,6 @@ for name, (losses, *_) in results.items():
 # ![bands](figures/nf_whvi_bands.png)
 #
 # The flows cost a few hundred parameters per site and allow a non-Gaussian `q(g)` (on this problem
-# only mildly so: the histogram is a little wider and skewed, and the ELBO a little higher). The price is the
-# per-step `g` draw: local reparameterization (G-WHVI) removes more gradient noise, the flows fit the
-# posterior's shape better. Compare them on a real dataset with the UCI harness:
+# only mildly so: the histogram is a little wider and skewed, and the ELBO a little higher). The price is
+# time: every example's `g` passes through the flows. Compare them on a real dataset with the UCI harness:
 # `whvi uci --data-dir ../shared/datasets/uci/yacht --methods whvi,nf-whvi --splits 0-4`.
