@@ -189,18 +189,35 @@ def test_whvi_method_is_the_papers_set_up():
     assert "layers.2.weight" not in whvi_sites and "layers.2.bias" not in whvi_sites
 
 
-def test_presets_are_the_papers_two_networks(tmp_path):
-    """Table 3 (2x128) is the harness's default network; Table 6 (App. D.2) is 1x50, 1x100 for protein; explicit
-    --hidden/--layers win over the preset; the run's table names the network it trained."""
+def test_presets_are_whole_protocols(tmp_path):
+    """Table 3 (2x128, lr 1e-3, 50,500 steps) is the harness's default; Table 6 (App. D.2) is 1x50, 1x100 for
+    protein; ``wide`` is 2x1024 at lr 3e-3; explicit --hidden/--layers/--steps/--lr win over the preset; the run's
+    table names the network and schedule it trained."""
     from pyro_whvi.experiments.cli import main
-    from pyro_whvi.experiments.uci_command import PRESETS, preset_network
+    from pyro_whvi.experiments.uci_command import PRESETS, preset_settings
 
     defaults = UCIConfig()
-    assert PRESETS["table3"] == {"layers": defaults.layers, "hidden": defaults.hidden}
-    assert preset_network("table6", "concrete") == {"layers": 1, "hidden": 50}
-    assert preset_network("table6", "protein-tertiary-structure") == {"layers": 1, "hidden": 100}
-    assert preset_network("table6", "yacht", hidden=20) == {"layers": 1, "hidden": 20}
-    assert preset_network("table3", "protein", layers=3) == {"layers": 3, "hidden": 128}
+    assert {k: PRESETS["table3"][k] for k in ("layers", "hidden")} == {"layers": defaults.layers, "hidden": 128}
+    assert PRESETS["table3"]["steps"] == 50_500 and PRESETS["table3"]["lr"] == defaults.schedule.lr
+    assert preset_settings("table6", "concrete") == {"layers": 1, "hidden": 50, "steps": 50_500, "lr": 1e-3}
+    assert preset_settings("table6", "protein-tertiary-structure")["hidden"] == 100
+    assert preset_settings("table6", "yacht", hidden=20)["hidden"] == 20
+    assert preset_settings("table3", "protein", layers=3, steps=10) == {
+        "layers": 3,
+        "hidden": 128,
+        "steps": 10,
+        "lr": 1e-3,
+    }
+    assert preset_settings("wide", "yacht", lr=None) == {"layers": 2, "hidden": 1024, "steps": 50_500, "lr": 3e-3}
+    with pytest.raises(ValueError, match="--preset: choose from table3, table6, wide"):
+        preset_settings("table9", "yacht")
+    with pytest.raises(TypeError, match="unknown settings"):
+        preset_settings("table3", "yacht", width=3)
     args = ["uci", "--dataset", "diabetes", "--preset", "table6", "--methods", "mfg", "--splits", "0"]
     assert main([*args, "--steps", "3", "--samples", "4", "--out", str(tmp_path)]) == 0
-    assert (tmp_path / "uci_diabetes.md").read_text().startswith("### diabetes: 1x50 ReLU")
+    assert (tmp_path / "uci_diabetes.md").read_text().startswith("### diabetes: 1x50 ReLU, 3 steps")
+    wide = tmp_path / "wide"
+    args = ["uci", "--dataset", "diabetes", "--preset", "wide", "--methods", "whvi", "--splits", "0", "--steps", "3"]
+    assert main([*args, "--samples", "4", "--out", str(wide)]) == 0
+    assert "2x1024 ReLU, 3 steps" in (wide / "uci_diabetes.md").read_text()
+    assert "lr 0.003" in (wide / "uci_diabetes.md").read_text()
