@@ -30,6 +30,7 @@ from pyro.poutine.util import site_is_subsample
 from pyro_whvi.experiments.methods import Schedule, parse_method, predictive_samples
 from pyro_whvi.experiments.reporting import save_tables
 from pyro_whvi.experiments.uci import UCIConfig, parse_splits, train_split
+from pyro_whvi.experiments.uci_command import PRESETS, preset_settings
 from pyro_whvi.experiments.uci_data import dataset_name
 from pyro_whvi.metrics import gaussian_mnll, rmse
 
@@ -120,18 +121,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data-dir", type=Path, required=True, help="a dataset in the UCI split format")
     parser.add_argument("--method", default="whvi", help="a whvi uci method (default whvi)")
     parser.add_argument("--splits", type=parse_splits, default=(0,))
-    parser.add_argument("--steps", type=int, default=Schedule().steps)
+    parser.add_argument("--preset", choices=tuple(PRESETS), default="table3", help="whvi uci's (default table3)")
+    parser.add_argument("--steps", type=int, help="SVI steps (default: the preset's)")
+    parser.add_argument("--lr", type=float, help="Adam's initial learning rate (default: the preset's)")
+    parser.add_argument("--hidden", type=int, help="hidden units per layer (default: the preset's)")
     parser.add_argument("--draws", type=int, default=64, help="guide draws of the Monte Carlo KLs")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "elbo_terms")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    config = UCIConfig(methods=(args.method,), splits=args.splits, schedule=Schedule(steps=args.steps))
+    protocol = preset_settings(args.preset, args.data_dir.name, steps=args.steps, lr=args.lr, hidden=args.hidden)
+    config = UCIConfig(
+        methods=(args.method,),
+        splits=args.splits,
+        schedule=Schedule(steps=protocol["steps"], lr=protocol["lr"]),
+        hidden=protocol["hidden"],
+        layers=protocol["layers"],
+    )
     rows = [diagnose(args.data_dir, args.method, split, config, args.draws) for split in args.splits]
     text = table(rows)
-    meta = {"data_dir": str(args.data_dir), "method": args.method, "steps": args.steps, "draws": args.draws}
+    meta = {"data_dir": str(args.data_dir), "method": args.method, **protocol, "draws": args.draws}
     flat = [{k: v for k, v in row.items() if k != "kl_sites"} for row in rows]
-    save_tables(args.out, f"elbo_terms_{dataset_name(args.data_dir)}_{args.method}", {**meta, "rows": rows}, flat, text)
+    name = f"elbo_terms_{dataset_name(args.data_dir)}_{args.method}" + (
+        "" if args.preset == "table3" else f"_{args.preset}"
+    )
+    save_tables(args.out, name, {**meta, "rows": rows}, flat, text)
     print(text)
     return 0
 
