@@ -22,7 +22,7 @@ __all__ = ["PRESETS", "add_uci_command", "preset_settings", "run_uci_command"]
 #: * ``wide``: 2 hidden layers of 1024, Adam 3e-3, 50,500 steps. A WHVI layer of width D has 3D variational
 #:   parameters where a dense layer has D^2: on 6 inputs the paper's 128 units give the WHVI network 1,410
 #:   parameters against MC dropout's 17,537, 1024 units give it 10,498, and a step costs 1.2x the 128-unit
-#:   one (O(D log D)). It is for larger data sets: see ``docs/results/whvi.md`` for where it helps and where
+#:   one (O(D log D)). It is for larger data sets: ``docs/results/larger-data.md`` shows where it helps and where
 #:   (a few hundred rows) its KL costs more than the capacity gives.
 PRESETS: dict[str, dict] = {
     "table3": {"layers": 2, "hidden": 128, "steps": 50_500, "lr": 1e-3},
