@@ -2,14 +2,16 @@ r"""Inference methods by name, and the WHVI paper's training schedule, on Pyro's
 
 One name per method, the same Pyro model for all of them (a :class:`~pyro_whvi.nn.networks.BayesianMLP`):
 
-=============  ==========================================================================
-``mfg``        Pyro's ``AutoNormal`` (mean-field Gaussian VI)
-``mcd``        MC dropout: the network with dropout, a point estimate under the prior (``AutoDelta``)
-``whvi``       :class:`~pyro_whvi.AutoWHVIGuide` (G-WHVI, local reparameterization): weights and
-               biases under WHVI (vectors on square blocks, §2.5), the last layer mean-field (§3.2)
-``nf-whvi``    :class:`~pyro_whvi.AutoWHVIGuide` with planar flows over ``g``
-``vsd``        :class:`~pyro_whvi.AutoVSDGuide` (Householder-structured dropout noise)
-=============  ==========================================================================
+==================  ==========================================================================
+``mfg``             Pyro's ``AutoNormal`` (mean-field Gaussian VI)
+``mcd``             MC dropout: the network with dropout, a point estimate under the prior (``AutoDelta``)
+``whvi``            :class:`~pyro_whvi.AutoWHVIGuide` (G-WHVI, local reparameterization): weights and
+                    biases under WHVI (vectors on square blocks, §2.5), the last layer mean-field (§3.2)
+``nf-whvi``         :class:`~pyro_whvi.AutoWHVIGuide` with planar flows over ``g``
+``whvi-lowrank``    ``whvi`` with a low-rank-plus-diagonal ``q(g)`` per block (rank ``ceil(sqrt(D))``)
+``whvi-full``       ``whvi`` with a full-covariance ``q(g)`` per block (:math:`O(D^2)` parameters)
+``vsd``             :class:`~pyro_whvi.AutoVSDGuide` (Householder-structured dropout noise)
+==================  ==========================================================================
 
 Append ``+iblm`` (``whvi+iblm``, ``mfg+iblm``, ...) to start the guide from I-BLM
 (:func:`~pyro_whvi.iblm_`) instead of its default initialization.
@@ -47,6 +49,7 @@ from .engine import Checkpoint, Schedule, train
 
 __all__ = [
     "BASE_METHODS",
+    "WHVI_COVARIANCES",
     "Checkpoint",
     "MethodSpec",
     "Schedule",
@@ -57,7 +60,9 @@ __all__ = [
     "predictive_samples",
 ]
 
-BASE_METHODS = ("mfg", "mcd", "whvi", "nf-whvi", "vsd")
+#: The WHVI methods and the ``covariance`` of their ``q(g)`` (:class:`~pyro_whvi.AutoWHVIGuide`).
+WHVI_COVARIANCES = {"whvi": "diagonal", "nf-whvi": "diagonal", "whvi-lowrank": "lowrank", "whvi-full": "full"}
+BASE_METHODS = ("mfg", "mcd", *WHVI_COVARIANCES, "vsd")
 IBLM_SUFFIX = "+iblm"
 
 
@@ -93,7 +98,7 @@ def make_guide(base: str, model, *, flows: int = 3, reflections: int = 1, **whvi
 
     :param flows: planar flows over each site's ``g`` (``nf-whvi``).
     :param reflections: Householder reflections ``T`` of VSD's noise (``vsd``).
-    :param whvi_options: passed to :class:`~pyro_whvi.AutoWHVIGuide` (``whvi``, ``nf-whvi``).
+    :param whvi_options: passed to :class:`~pyro_whvi.AutoWHVIGuide` (the :data:`WHVI_COVARIANCES` methods).
     """
     guide: Any
     if base == "mfg":
@@ -102,8 +107,10 @@ def make_guide(base: str, model, *, flows: int = 3, reflections: int = 1, **whvi
         guide = AutoDelta(model, init_loc_fn=init_to_sample)
     elif base == "vsd":
         guide = AutoVSDGuide(model, reflections=reflections)
-    elif base in ("whvi", "nf-whvi"):
-        guide = AutoWHVIGuide(model, flows=flows if base == "nf-whvi" else 0, **whvi_options)
+    elif base in WHVI_COVARIANCES:
+        guide = AutoWHVIGuide(
+            model, covariance=WHVI_COVARIANCES[base], flows=flows if base == "nf-whvi" else 0, **whvi_options
+        )
     else:
         raise ValueError(f"unknown method {base!r}; choose from {', '.join(BASE_METHODS)}")
     return guide
