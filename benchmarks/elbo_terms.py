@@ -27,10 +27,10 @@ import torch
 from pyro import poutine
 from pyro.poutine.util import site_is_subsample
 
-from pyro_whvi.experiments.methods import Schedule, parse_method, predictive_samples
+from pyro_whvi.experiments.methods import parse_method, predictive_samples
 from pyro_whvi.experiments.reporting import save_tables
 from pyro_whvi.experiments.uci import UCIConfig, parse_splits, train_split
-from pyro_whvi.experiments.uci_command import PRESETS, preset_settings
+from pyro_whvi.experiments.uci_config import UCI_PRESETS
 from pyro_whvi.experiments.uci_data import dataset_name
 from pyro_whvi.metrics import gaussian_mnll, rmse
 
@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data-dir", type=Path, required=True, help="a dataset in the UCI split format")
     parser.add_argument("--method", default="whvi", help="a whvi uci method (default whvi)")
     parser.add_argument("--splits", type=parse_splits, default=(0,))
-    parser.add_argument("--preset", choices=tuple(PRESETS), default="table3", help="whvi uci's (default table3)")
+    parser.add_argument("--preset", choices=tuple(UCI_PRESETS), default="table3", help="whvi uci's (default table3)")
     parser.add_argument("--steps", type=int, help="SVI steps (default: the preset's)")
     parser.add_argument("--lr", type=float, help="Adam's initial learning rate (default: the preset's)")
     parser.add_argument("--hidden", type=int, help="hidden units per layer (default: the preset's)")
@@ -130,16 +130,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "elbo_terms")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    protocol = preset_settings(args.preset, args.data_dir.name, steps=args.steps, lr=args.lr, hidden=args.hidden)
-    config = UCIConfig(
+    config = UCIConfig.from_preset(
+        args.preset,
+        args.data_dir.name,
+        steps=args.steps,
+        lr=args.lr,
+        hidden=args.hidden,
         methods=(args.method,),
         splits=args.splits,
-        schedule=Schedule(steps=protocol["steps"], lr=protocol["lr"]),
-        hidden=protocol["hidden"],
-        layers=protocol["layers"],
     )
     rows = [diagnose(args.data_dir, args.method, split, config, args.draws) for split in args.splits]
     text = table(rows)
+    protocol = {
+        "layers": config.layers,
+        "hidden": config.hidden,
+        "steps": config.schedule.steps,
+        "lr": config.schedule.lr,
+    }
     meta = {"data_dir": str(args.data_dir), "method": args.method, **protocol, "draws": args.draws}
     flat = [{k: v for k, v in row.items() if k != "kl_sites"} for row in rows]
     name = f"elbo_terms_{dataset_name(args.data_dir)}_{args.method}" + (

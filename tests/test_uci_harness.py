@@ -178,8 +178,10 @@ def test_uci_summary_script_compares_with_the_paper(tmp_path):
     # Against an MC dropout row, each WHVI variant is compared on its own; other methods are not listed.
     row = {"rmse": 1.0, "rmse_se": 0.1, "mnll": 1.0, "mnll_se": 0.1}
     rows = {"whvi": {**row, "rmse": 0.84, "mnll": 1.2}, "nf-whvi": {**row, "mnll": 0.9}, "mfg": {**row, "mnll": 0.5}}
-    verdict = module.checks("yacht", {**rows, "whvi+iblm": row, "mcd": row})
+    verdict = module.checks("yacht", {**rows, "whvi+iblm": row, "whvi-full": {**row, "mnll": 1.01}, "mcd": row})
     assert verdict["at_or_below_mcd"] == ["nf-whvi", "whvi+iblm"]
+    verdict = module.checks("yacht", {**rows, "whvi-lowrank": {**row, "mnll": 0.99}, "mcd": row})
+    assert verdict["at_or_below_mcd"] == ["nf-whvi", "whvi-lowrank"]
     assert verdict["rmse_ok"] and verdict["mnll_below_paper"] and not verdict["mnll_below_mfg"]
     assert module.checks("concrete", {"mcd": row, "whvi": {**row, "rmse": 5.43}})["rmse_ok"] is False
     # A second folder with WHVI at another step count: its row wins, MFG's comes from the first run.
@@ -204,11 +206,12 @@ def test_presets_are_whole_protocols(tmp_path):
     protein; ``wide`` is 2x1024 at lr 3e-3; explicit --hidden/--layers/--steps/--lr win over the preset; the run's
     table names the network and schedule it trained."""
     from pyro_whvi.experiments.cli import main
-    from pyro_whvi.experiments.uci_command import PRESETS, preset_settings
+    from pyro_whvi.experiments.uci_config import UCI_PRESETS, UCIConfig, preset_settings
 
     defaults = UCIConfig()
-    assert {k: PRESETS["table3"][k] for k in ("layers", "hidden")} == {"layers": defaults.layers, "hidden": 128}
-    assert PRESETS["table3"]["steps"] == 50_500 and PRESETS["table3"]["lr"] == defaults.schedule.lr
+    table3 = UCI_PRESETS["table3"]
+    assert {k: table3[k] for k in ("layers", "hidden")} == {"layers": defaults.layers, "hidden": 128}
+    assert table3["steps"] == 50_500 and table3["lr"] == defaults.schedule.lr
     assert preset_settings("table6", "concrete") == {"layers": 1, "hidden": 50, "steps": 50_500, "lr": 1e-3}
     assert preset_settings("table6", "protein-tertiary-structure")["hidden"] == 100
     assert preset_settings("table6", "yacht", hidden=20)["hidden"] == 20
@@ -223,6 +226,10 @@ def test_presets_are_whole_protocols(tmp_path):
         preset_settings("table9", "yacht")
     with pytest.raises(TypeError, match="unknown settings"):
         preset_settings("table3", "yacht", width=3)
+    # The whole UCIConfig from a preset: the schedule's other fields keep their defaults unless given.
+    config = UCIConfig.from_preset("wide", "yacht", steps=7, batch_size=32, methods=("whvi",), seed=3)
+    assert (config.hidden, config.layers, config.methods, config.seed) == (1024, 2, ("whvi",), 3)
+    assert config.schedule == replace(defaults.schedule, steps=7, lr=3e-3, batch_size=32)
     args = ["uci", "--dataset", "diabetes", "--preset", "table6", "--methods", "mfg", "--splits", "0"]
     assert main([*args, "--steps", "3", "--samples", "4", "--out", str(tmp_path)]) == 0
     assert (tmp_path / "uci_diabetes.md").read_text().startswith("### diabetes: 1x50 ReLU, 3 steps")

@@ -10,43 +10,7 @@ from pathlib import Path
 
 from .arguments import nonnegative, positive, positive_float
 
-__all__ = ["PRESETS", "add_uci_command", "preset_settings", "run_uci_command"]
-
-#: The protocols of ``whvi uci``: the network and the schedule's length and learning rate (the rest of the
-#: schedule is the WHVI paper's App. D.1 for all: batch 64, noise fixed for the first 500 steps, the decay
-#: ``(1 + 5e-4 t)^-0.3``).
-#:
-#: * ``table3``: the WHVI paper's Table 3 (§3.2, App. D.1): 2 hidden layers of 128, Adam 1e-3, 50,500 steps.
-#: * ``table6``: its Table 6 (App. D.2, the set-up of Hernández-Lobato and Adams): 1 hidden layer of 50 (100
-#:   for protein), the same schedule.
-#: * ``wide``: 2 hidden layers of 1024, Adam 3e-3, 50,500 steps. A WHVI layer of width D has 3D variational
-#:   parameters where a dense layer has D^2: on 6 inputs the paper's 128 units give the WHVI network 1,410
-#:   parameters against MC dropout's 17,537, 1024 units give it 10,498, and a step costs 1.2x the 128-unit
-#:   one (O(D log D)). It is for larger data sets: ``docs/results/larger-data.md`` shows where it helps and where
-#:   (a few hundred rows) its KL costs more than the capacity gives.
-PRESETS: dict[str, dict] = {
-    "table3": {"layers": 2, "hidden": 128, "steps": 50_500, "lr": 1e-3},
-    "table6": {"layers": 1, "hidden": 50, "steps": 50_500, "lr": 1e-3},
-    "wide": {"layers": 2, "hidden": 1024, "steps": 50_500, "lr": 3e-3},
-}
-TABLE6_LARGE = {"protein": 100}  # dataset folder names (lower case, prefix) that get more units under table6
-
-
-def preset_settings(preset: str, dataset: str, **overrides: int | float | None) -> dict:
-    """``{"layers", "hidden", "steps", "lr"}`` of ``preset`` for ``dataset`` (a folder or bundled set's name),
-    each overridden by the keyword of the same name when it is not ``None``."""
-    if preset not in PRESETS:
-        raise ValueError(f"--preset: choose from {', '.join(PRESETS)}, got {preset!r}")
-    unknown = set(overrides) - set(PRESETS[preset])
-    if unknown:
-        raise TypeError(f"preset_settings: unknown settings {sorted(unknown)}; a preset sets {sorted(PRESETS[preset])}")
-    network = dict(PRESETS[preset])
-    if preset == "table6":
-        network["hidden"] = next(
-            (units for name, units in TABLE6_LARGE.items() if dataset.lower().startswith(name)), network["hidden"]
-        )
-    network.update({name: value for name, value in overrides.items() if value is not None})
-    return network
+__all__ = ["add_uci_command", "run_uci_command"]
 
 
 def _uci_methods(text: str) -> tuple[str, ...]:
@@ -73,6 +37,7 @@ def _splits(text: str) -> tuple[int, ...]:
 def add_uci_command(commands) -> None:
     from .methods import BASE_METHODS, Schedule
     from .uci import BUNDLED_DATASETS, UCIConfig
+    from .uci_config import UCI_PRESETS
 
     uci = commands.add_parser(
         "uci",
@@ -105,7 +70,7 @@ def add_uci_command(commands) -> None:
     uci.add_argument("--lr", type=positive_float, help="Adam's initial learning rate (default: the preset's)")
     uci.add_argument(
         "--preset",
-        choices=tuple(PRESETS),
+        choices=tuple(UCI_PRESETS),
         default="table3",
         help="table3 (the default): the WHVI paper's Table 3, 2x128, lr 1e-3, 50,500 steps; table6: its Table 6 / "
         "App. D.2, 1x50 (1x100 for protein), the same schedule; wide: 2x1024, lr 3e-3, 50,500 steps. --hidden, "
@@ -153,7 +118,6 @@ def run_uci_command(args: argparse.Namespace) -> int:
     import torch
 
     from . import distributed
-    from .methods import Schedule
     from .reporting import check_writable
     from .uci import UCIConfig, check_source, dataset_name, run_uci
 
@@ -169,20 +133,17 @@ def run_uci_command(args: argparse.Namespace) -> int:
         if args.dropout >= 1:
             raise ValueError(f"--dropout must be below 1, got {args.dropout}")
         # The folder's own name (no file system call: a bad path is check_source's to report).
-        protocol = preset_settings(
-            args.preset, Path(source).name, hidden=args.hidden, layers=args.layers, steps=args.steps, lr=args.lr
-        )
-        config = UCIConfig(
+        config = UCIConfig.from_preset(
+            args.preset,
+            Path(source).name,
+            hidden=args.hidden,
+            layers=args.layers,
+            steps=args.steps,
+            lr=args.lr,
+            fixed_noise_steps=args.fixed_noise_steps,
+            batch_size=args.batch_size,
             methods=args.methods,
             splits=args.splits,
-            schedule=Schedule(
-                steps=protocol["steps"],
-                fixed_noise_steps=args.fixed_noise_steps,
-                batch_size=args.batch_size,
-                lr=protocol["lr"],
-            ),
-            hidden=protocol["hidden"],
-            layers=protocol["layers"],
             samples=max(2, args.samples),
             dropout=args.dropout,
             flows=args.flows,

@@ -10,7 +10,46 @@ from dataclasses import asdict, dataclass, field
 from .methods import Schedule, parse_method
 from .schedule import shard_size
 
-__all__ = ["ENGINE_VERSION", "UCIConfig"]
+__all__ = ["ENGINE_VERSION", "UCI_PRESETS", "UCIConfig", "preset_settings"]
+
+#: The protocols of ``whvi uci``: the network and the schedule's length and learning rate (the rest of the
+#: schedule is the WHVI paper's App. D.1 for all: batch 64, noise fixed for the first 500 steps, the decay
+#: ``(1 + 5e-4 t)^-0.3``).
+#:
+#: * ``table3``: the WHVI paper's Table 3 (§3.2, App. D.1): 2 hidden layers of 128, Adam 1e-3, 50,500 steps.
+#: * ``table6``: its Table 6 (App. D.2, the set-up of Hernández-Lobato and Adams): 1 hidden layer of 50 (100
+#:   for protein), the same schedule.
+#: * ``wide``: 2 hidden layers of 1024, Adam 3e-3, 50,500 steps. A WHVI layer of width D has 3D variational
+#:   parameters where a dense layer has D^2: on 6 inputs the paper's 128 units give the WHVI network 1,410
+#:   parameters against MC dropout's 17,537, 1024 units give it 10,498, and a step costs 1.2x the 128-unit
+#:   one (O(D log D)). It is for larger data sets: ``docs/results/larger-data.md`` shows where it helps and where
+#:   (a few hundred rows) its KL costs more than the capacity gives.
+UCI_PRESETS: dict[str, dict] = {
+    "table3": {"layers": 2, "hidden": 128, "steps": 50_500, "lr": 1e-3},
+    "table6": {"layers": 1, "hidden": 50, "steps": 50_500, "lr": 1e-3},
+    "wide": {"layers": 2, "hidden": 1024, "steps": 50_500, "lr": 3e-3},
+}
+TABLE6_LARGE = {"protein": 100}  # dataset folder names (lower case, prefix) that get more units under table6
+
+
+def preset_settings(preset: str, dataset: str, **overrides: int | float | None) -> dict:
+    """``{"layers", "hidden", "steps", "lr"}`` of ``preset`` for ``dataset`` (a folder or bundled set's name),
+    each overridden by the keyword of the same name when it is not ``None``."""
+    if preset not in UCI_PRESETS:
+        raise ValueError(f"--preset: choose from {', '.join(UCI_PRESETS)}, got {preset!r}")
+    unknown = set(overrides) - set(UCI_PRESETS[preset])
+    if unknown:
+        raise TypeError(
+            f"preset_settings: unknown settings {sorted(unknown)}; a preset sets {sorted(UCI_PRESETS[preset])}"
+        )
+    protocol = dict(UCI_PRESETS[preset])
+    if preset == "table6":
+        protocol["hidden"] = next(
+            (units for name, units in TABLE6_LARGE.items() if dataset.lower().startswith(name)), protocol["hidden"]
+        )
+    protocol.update({name: value for name, value in overrides.items() if value is not None})
+    return protocol
+
 
 # Bumped when a method's construction changes, so that its stored splits are trained again.
 _VERSIONS = {name: 2 for name in ("whvi", "nf-whvi", "whvi+iblm", "nf-whvi+iblm")}
@@ -56,6 +95,29 @@ class UCIConfig:
             shard_size(self.schedule.batch_size, self.nproc)
         if not 0 <= self.seed + max(self.splits) < 2**32:  # each split is seeded with seed + split
             raise ValueError(f"UCIConfig: seed + split must be in [0, 2**32) (numpy's seeds), got seed {self.seed}.")
+
+    @classmethod
+    def from_preset(
+        cls,
+        preset: str,
+        dataset: str,
+        *,
+        layers: int | None = None,
+        hidden: int | None = None,
+        steps: int | None = None,
+        lr: float | None = None,
+        fixed_noise_steps: int = Schedule.fixed_noise_steps,
+        batch_size: int | None = Schedule.batch_size,
+        **fields,
+    ) -> UCIConfig:
+        """The settings of ``whvi uci --preset preset`` on ``dataset`` (a folder or bundled set's name):
+        :func:`preset_settings` with the overrides that are not ``None``, the rest of the schedule, and any
+        other field of :class:`UCIConfig` as a keyword."""
+        protocol = preset_settings(preset, dataset, layers=layers, hidden=hidden, steps=steps, lr=lr)
+        schedule = Schedule(
+            steps=protocol["steps"], fixed_noise_steps=fixed_noise_steps, batch_size=batch_size, lr=protocol["lr"]
+        )
+        return cls(schedule=schedule, hidden=protocol["hidden"], layers=protocol["layers"], **fields)
 
     def fingerprint(self, method: str, data: str = "") -> str:
         """A short hash of everything that changes the result of ``method`` on one split: the settings
