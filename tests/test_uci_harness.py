@@ -119,6 +119,25 @@ def test_harness_reports_original_units_and_resumes(tmp_path):
     assert summary[0]["rmse"] < 60
 
 
+def test_raw_targets_train_in_original_units_and_keep_stored_results_valid(tmp_path):
+    """``standardize_targets=False`` (``--raw-targets``, the WHVI paper's choice) feeds the targets in their
+    original units and is its own fingerprint; the default's fingerprint is the one computed before the setting
+    existed (the hash below), so results stored then are still read back."""
+    standardized = load_dataset_split("diabetes", 0)
+    raw = load_dataset_split("diabetes", 0, standardize_targets=False)
+    assert raw.y_scale == 1.0 and torch.equal(raw.x_train, standardized.x_train)
+    for z, y in ((standardized.y_train, raw.y_train), (standardized.y_test, raw.y_test)):
+        torch.testing.assert_close((y - raw.y_train.mean()) / standardized.y_scale, z, rtol=0, atol=1e-5)
+    assert raw.y_train.std() > 50  # diabetes' progression score, not a standardized one
+    assert UCIConfig().fingerprint("whvi", "k") == "d1942b1a6ea48c04"
+    assert UCIConfig(standardize_targets=False).fingerprint("whvi", "k") != "d1942b1a6ea48c04"
+    from pyro_whvi.experiments.cli import main
+
+    args = ["uci", "--dataset", "diabetes", "--methods", "mfg", "--splits", "0", "--steps", "3", "--samples", "4"]
+    assert main([*args, "--raw-targets", "--out", str(tmp_path)]) == 0
+    assert "raw targets" in (tmp_path / "uci_diabetes.md").read_text()
+
+
 def test_bundled_sets_load_for_both_tasks():
     diabetes = load_dataset_split("diabetes", 0)
     assert diabetes.task == "regression" and diabetes.y_scale > 1

@@ -89,7 +89,7 @@ def train_split(
 ) -> TrainedSplit:
     """Build ``spec``'s network for split ``split`` (seeded with ``config.seed + split``) and train it on
     the split's training data (in every rank of a process group: each its shard)."""
-    data = load_dataset_split(source, split)
+    data = load_dataset_split(source, split, standardize_targets=config.standardize_targets)
     pyro.set_rng_seed(config.seed + split)
     pyro.clear_param_store()
     regression = data.task == "regression"

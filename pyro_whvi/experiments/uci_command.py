@@ -78,6 +78,12 @@ def add_uci_command(commands) -> None:
     )
     uci.add_argument("--hidden", type=positive, help="hidden units per layer (default: the preset's)")
     uci.add_argument("--layers", type=nonnegative, help="hidden layers (default: the preset's)")
+    uci.add_argument(
+        "--raw-targets",
+        action="store_true",
+        help="train on regression targets in their original units, as the WHVI paper does (default: standardized "
+        "with the training statistics; metrics are in the original units either way)",
+    )
     uci.add_argument("--samples", type=positive, default=defaults.samples, help="test-time posterior samples")
     uci.add_argument("--dropout", type=positive_float, default=defaults.dropout, help="MC dropout rate (default 0.005)")
     uci.add_argument("--flows", type=positive, default=defaults.flows, help="planar flows of nf-whvi (default 3)")
@@ -151,6 +157,7 @@ def run_uci_command(args: argparse.Namespace) -> int:
             seed=args.seed,
             nproc=args.nproc,
             checkpoint_every=args.checkpoint_every,
+            standardize_targets=not args.raw_targets,
         )
         check_source(source, config.splits)
         check_writable(args.out)

@@ -57,13 +57,20 @@ _VERSIONS = {name: 2 for name in ("whvi", "nf-whvi", "whvi+iblm", "nf-whvi+iblm"
 # Adam state no longer starts from the gradient summed over the fixed-noise phase).
 ENGINE_VERSION = 2
 _NOT_FINGERPRINTED = ("methods", "splits", "checkpoint_every", "progress")
+# Settings added after results were stored, with the value every earlier run had: at that value they stay out of
+# the fingerprint, so that those results remain valid.
+_LATER_SETTINGS = {"standardize_targets": True}
 
 
 @dataclass(frozen=True)
 class UCIConfig:
     """Settings of :func:`run_uci`; all but ``methods``, ``splits``, ``checkpoint_every`` and ``progress``
     enter the fingerprint (``nproc`` does: each process draws its own noise, so the number of processes
-    is part of what makes a seeded run's numbers)."""
+    is part of what makes a seeded run's numbers).
+
+    ``standardize_targets``: regression targets standardized with the training statistics (the default) or
+    kept in their original units, as the WHVI paper does; metrics are reported in the original units either way.
+    """
 
     methods: tuple[str, ...] = ("mfg", "mcd", "whvi")
     splits: tuple[int, ...] = (0, 1, 2, 3, 4)
@@ -77,6 +84,7 @@ class UCIConfig:
     reflections: int = 1
     seed: int = 0
     nproc: int = 1
+    standardize_targets: bool = True
     checkpoint_every: int = 1000
     progress: bool = True
 
@@ -122,7 +130,11 @@ class UCIConfig:
     def fingerprint(self, method: str, data: str = "") -> str:
         """A short hash of everything that changes the result of ``method`` on one split: the settings
         and ``data``, a key of the split's data (:func:`data_key`)."""
-        settings = {k: v for k, v in asdict(self).items() if k not in _NOT_FINGERPRINTED}
+        settings = {
+            k: v
+            for k, v in asdict(self).items()
+            if k not in _NOT_FINGERPRINTED and not (k in _LATER_SETTINGS and v == _LATER_SETTINGS[k])
+        }
         version = {"version": _VERSIONS.get(method, 1), "engine": ENGINE_VERSION}
         text = json.dumps(
             {"method": method, **settings, **version, "data": data},

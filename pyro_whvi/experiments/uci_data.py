@@ -103,8 +103,11 @@ def check_source(source: str | Path, splits: tuple[int, ...]) -> None:
     read_noise_std(source)  # a damaged noise_std.txt is reported now, not after training
 
 
-def load_dataset_split(source: str | Path, split: int) -> UCIData:
-    """Split ``split`` of a UCI-format directory or a bundled scikit-learn set (see the module doc)."""
+def load_dataset_split(source: str | Path, split: int, *, standardize_targets: bool = True) -> UCIData:
+    """Split ``split`` of a UCI-format directory or a bundled scikit-learn set (see the module doc).
+
+    :param standardize_targets: regression targets standardized with the training statistics (``y_scale``
+        turns them back); ``False`` keeps them in their original units, as the WHVI paper does (App. D.1)."""
     if source == "digits":
         digits = load_digits_split(seed=split)
         return UCIData(digits.x_train, digits.y_train, digits.x_test, digits.y_test, "classification", num_classes=10)
@@ -112,4 +115,7 @@ def load_dataset_split(source: str | Path, split: int) -> UCIData:
         cancer = load_breast_cancer_split(seed=split)
         return UCIData(cancer.x_train, cancer.y_train, cancer.x_test, cancer.y_test, "classification", num_classes=2)
     data = load_diabetes_split(split) if source == "diabetes" else load_uci_split(source, split)
+    if not standardize_targets:
+        y_train, y_test = (y * data.y_std + data.y_mean for y in (data.y_train, data.y_test))
+        return UCIData(data.x_train, y_train, data.x_test, y_test, "regression")
     return UCIData(data.x_train, data.y_train, data.x_test, data.y_test, "regression", y_scale=data.y_std)

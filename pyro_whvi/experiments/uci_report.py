@@ -80,9 +80,11 @@ def summary_table(name: str, summary: list[dict[str, Any]], config: UCIConfig) -
     schedule = config.schedule
     fixed = min(schedule.fixed_noise_steps, schedule.steps)
     noise = f" (noise fixed for the first {fixed})" if "rmse" in metrics and fixed else ""
+    targets = ", raw targets" if "rmse" in metrics and not config.standardize_targets else ""
     lines = [
         f"### {name}: {config.layers}x{config.hidden} ReLU, {schedule.steps} steps{noise}, batch "
-        f"{schedule.batch_size}, lr {schedule.lr:g}, {config.samples} test samples; mean ± standard error over splits",
+        f"{schedule.batch_size}, lr {schedule.lr:g}, {config.samples} test samples{targets}; mean ± standard error "
+        "over splits",
         "",
         "| method | splits | variational params | "
         + " | ".join(FLOOR_LABELS.get(m, f"test {m.upper()}") for m in metrics)
