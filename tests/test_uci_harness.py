@@ -134,8 +134,11 @@ def test_raw_targets_train_in_original_units_and_keep_stored_results_valid(tmp_p
     from pyro_whvi.experiments.cli import main
 
     args = ["uci", "--dataset", "diabetes", "--methods", "mfg", "--splits", "0", "--steps", "3", "--samples", "4"]
-    assert main([*args, "--raw-targets", "--out", str(tmp_path)]) == 0
+    assert main([*args, "--raw-targets", "--noise-scale", "0.5", "--out", str(tmp_path)]) == 0
     assert "raw targets" in (tmp_path / "uci_diabetes.md").read_text()
+    # 3 steps are all in the fixed-noise phase: the noise is still its initial value, in the raw units
+    row = json.loads((tmp_path / "runs" / "diabetes" / "mfg" / "split0.json").read_text())["row"]
+    assert row["noise_scale"] == pytest.approx(0.5)
 
 
 def test_bundled_sets_load_for_both_tasks():

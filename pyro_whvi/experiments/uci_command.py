@@ -79,6 +79,13 @@ def add_uci_command(commands) -> None:
     uci.add_argument("--hidden", type=positive, help="hidden units per layer (default: the preset's)")
     uci.add_argument("--layers", type=nonnegative, help="hidden layers (default: the preset's)")
     uci.add_argument(
+        "--noise-scale",
+        type=positive_float,
+        default=defaults.noise_scale,
+        help=f"the Gaussian noise scale's initial value, held for --fixed-noise-steps, in the targets' training units "
+        f"(default {defaults.noise_scale}: a tenth of the standardized targets' scale)",
+    )
+    uci.add_argument(
         "--raw-targets",
         action="store_true",
         help="train on regression targets in their original units, as the WHVI paper does (default: standardized "
@@ -151,6 +158,7 @@ def run_uci_command(args: argparse.Namespace) -> int:
             methods=args.methods,
             splits=args.splits,
             samples=max(2, args.samples),
+            noise_scale=args.noise_scale,
             dropout=args.dropout,
             flows=args.flows,
             reflections=args.reflections,
