@@ -9,7 +9,8 @@ another step count first, then the rest), and every row says its step count. Tes
 mean ± standard error over splits, with the paper's values (2 x 128 ReLU, mean (std) over 8 splits).
 The markdown also says, per dataset, whether WHVI's RMSE is within one of the paper's standard deviations
 of its Table 3 value or better, whether its MNLL is below the paper's and below the mean-field (MFG) one, and
-which WHVI variants in the table (``whvi``, ``nf-whvi``, with or without ``+iblm``) have an MNLL at or below
+which WHVI variants in the table (every method of
+:data:`~pyro_whvi.experiments.methods.WHVI_COVARIANCES`, with or without ``+iblm``) have an MNLL at or below
 MC dropout's.
 """
 
