@@ -12,6 +12,15 @@ of its Table 3 value or better, whether its MNLL is below the paper's and below 
 which WHVI variants in the table (every method of
 :data:`~pyro_whvi.experiments.methods.WHVI_COVARIANCES`, with or without ``+iblm``) have an MNLL at or below
 MC dropout's.
+
+On a set with a known noise level (``whvi synthetic``, whose JSON rows carry the distance to the floor) a
+second table gives each method's MNLL minus the floor, RMSE and estimated noise over the true σ, and the
+verdict names the methods within :data:`FLOOR_MNLL_GAP` nats of the floor with a noise estimate within
+:data:`FLOOR_NOISE_TOLERANCE` of σ (issue 28's check); the figure then shows those ratios instead::
+
+    python benchmarks/uci_summary.py --results benchmarks/results/synthetic \\
+        --results benchmarks/results/synthetic/more_methods --datasets borehole,hartmann6,otlcircuit,robot,rastrigin5 \\
+        --out benchmarks/results/synthetic/more_methods
 """
 
 from __future__ import annotations
@@ -22,6 +31,7 @@ from pathlib import Path
 
 from pyro_whvi.experiments.methods import WHVI_COVARIANCES, parse_method
 from pyro_whvi.experiments.reporting import write_atomic
+from pyro_whvi.experiments.uci_report import FLOOR_LABELS, FLOOR_METRICS
 
 # WHVI paper, Table 3 (2 x 128 ReLU): dataset -> method -> (RMSE mean, std, MNLL mean, std)
 PAPER_TABLE_3 = {
@@ -34,6 +44,11 @@ PAPER_TABLE_3 = {
     "energy": {"mcd": (2.07, 0.11, 4.15, 0.15), "mfg": (3.10, 0.14, 4.91, 0.09), "whvi": (0.58, 0.07, 2.00, 0.60)},
     "yacht": {"mcd": (1.90, 0.54, 2.95, 1.27), "mfg": (7.01, 1.22, 3.38, 0.29), "whvi": (0.69, 0.16, 1.80, 1.01)},
 }
+
+# A method is at the floor when its test MNLL is within FLOOR_MNLL_GAP nats of the best possible and its learned
+# noise scale within a fraction FLOOR_NOISE_TOLERANCE of the true sigma.
+FLOOR_MNLL_GAP = 0.1
+FLOOR_NOISE_TOLERANCE = 0.1
 
 
 def load(folders: list[Path], dataset: str) -> dict:
@@ -57,10 +72,17 @@ def is_whvi_variant(method: str) -> bool:
     return parse_method(method).base in WHVI_COVARIANCES
 
 
+def has_floor(summary: dict) -> bool:
+    """Whether every row of a dataset's ``summary`` carries the distance to a known noise floor."""
+    return all(all(metric in row for metric in FLOOR_METRICS) for row in summary.values())
+
+
 def checks(dataset: str, summary: dict) -> dict:
     """Per dataset: ``rmse_ok`` (WHVI's RMSE at most the paper's Table 3 value plus one of its standard
-    deviations), ``mnll_below_paper``, ``mnll_below_mfg`` (``None`` where a row is missing) and
-    ``at_or_below_mcd`` (the WHVI variants whose MNLL is at or below MC dropout's)."""
+    deviations), ``mnll_below_paper``, ``mnll_below_mfg`` (``None`` where a row is missing),
+    ``at_or_below_mcd`` (the WHVI variants whose MNLL is at or below MC dropout's) and ``at_floor`` (the
+    methods within :data:`FLOOR_MNLL_GAP` of the noise floor with their noise within
+    :data:`FLOOR_NOISE_TOLERANCE` of σ; ``None`` without a known floor)."""
     whvi, mfg, mcd = summary.get("whvi"), summary.get("mfg"), summary.get("mcd")
     paper = PAPER_TABLE_3.get(dataset, {}).get("whvi")
     return {
@@ -70,13 +92,49 @@ def checks(dataset: str, summary: dict) -> dict:
         "at_or_below_mcd": None
         if mcd is None
         else [m for m, row in summary.items() if is_whvi_variant(m) and row["mnll"] <= mcd["mnll"]],
+        "at_floor": [
+            m
+            for m, row in summary.items()
+            if row["mnll_gap"] <= FLOOR_MNLL_GAP and abs(row["noise_ratio"] - 1) <= FLOOR_NOISE_TOLERANCE
+        ]
+        if has_floor(summary)
+        else None,
     }
+
+
+def verdict_line(dataset: str, verdict: dict) -> str:
+    parts = []
+    if dataset in PAPER_TABLE_3:
+        parts += [
+            f"WHVI RMSE within one paper std of Table 3 or better: {verdict['rmse_ok']}",
+            f"WHVI MNLL below the paper's: {verdict['mnll_below_paper']}",
+        ]
+    parts.append(
+        f"below MFG's: {verdict['mnll_below_mfg']}" if parts else f"WHVI MNLL below MFG's: {verdict['mnll_below_mfg']}"
+    )
+    if verdict["at_floor"] is not None:
+        parts.append(
+            f"within {FLOOR_MNLL_GAP} nats of the floor with noise within {FLOOR_NOISE_TOLERANCE:.0%} of σ: "
+            + (", ".join(verdict["at_floor"]) or "none")
+        )
+    beat_mcd = verdict["at_or_below_mcd"]
+    parts.append(
+        "WHVI variants with MNLL at or below MC dropout's: "
+        + ("no MC dropout row" if beat_mcd is None else ", ".join(beat_mcd) or "none")
+    )
+    return f"- {dataset}: " + "; ".join(parts)
 
 
 def table(folders: list[Path], datasets: list[str]) -> tuple[str, dict]:
     lines = [
         "| dataset | method | splits | steps | test RMSE | paper RMSE | test MNLL | paper MNLL | s/split |",
         "|---|---|---|---|---|---|---|---|---|",
+    ]
+    floor_lines = [
+        "| dataset | method | splits | steps | variational params | "
+        + " | ".join(FLOOR_LABELS[m] for m in FLOOR_METRICS)
+        + " | s/split |",
+        "|---|---|---|---|---|" + "---|" * len(FLOOR_METRICS) + "---|",
     ]
     summaries, verdicts = {}, []
     for dataset in datasets:
@@ -90,23 +148,31 @@ def table(folders: list[Path], datasets: list[str]) -> tuple[str, dict]:
                 f"| {dataset} | {method} | {e['splits']} | {e['steps']:,} | {e['rmse']:.3f} ± {e['rmse_se']:.3f} | "
                 f"{paper_rmse} | {e['mnll']:.3f} ± {e['mnll_se']:.3f} | {paper_mnll} | {e['train_seconds']:.0f} |"
             )
-        verdict = checks(dataset, summary)
-        beat_mcd = verdict["at_or_below_mcd"]
-        verdicts.append(
-            f"- {dataset}: WHVI RMSE within one paper std of Table 3 or better: {verdict['rmse_ok']}; WHVI MNLL "
-            f"below the paper's: {verdict['mnll_below_paper']}; below MFG's: {verdict['mnll_below_mfg']}; "
-            f"WHVI variants with MNLL at or below MC dropout's: "
-            + ("no MC dropout row" if beat_mcd is None else ", ".join(beat_mcd) or "none")
-        )
+            if has_floor(summary):
+                cells = " | ".join(f"{e[m]:.3f} ± {e[m + '_se']:.3f}" for m in FLOOR_METRICS)
+                floor_lines.append(
+                    f"| {dataset} | {method} | {e['splits']} | {e['steps']:,} | {e['parameters']:,} | {cells} | "
+                    f"{e['train_seconds']:.0f} |"
+                )
+        verdicts.append(verdict_line(dataset, checks(dataset, summary)))
     config = next(iter(next(iter(summaries.values())).values()))["config"]
     schedule = config["schedule"]
     header = (
         f"Our runs: {config['layers']}x{config['hidden']} ReLU, the steps in each row, batch "
         f"{schedule['batch_size']} (noise fixed for the first {schedule['fixed_noise_steps']}), lr {schedule['lr']}, "
-        f"{config['samples']} test samples, mean ± standard error over splits. Paper: Table 3, mean (std) over 8 "
-        "splits, 50,500 steps."
+        f"{config['samples']} test samples, mean ± standard error over splits."
     )
-    return "\n".join([header, "", *lines, "", *verdicts]), summaries
+    if any(dataset in PAPER_TABLE_3 for dataset in datasets):
+        header += " Paper: Table 3, mean (std) over 8 splits, 50,500 steps."
+    blocks = [header, "", *lines]
+    if len(floor_lines) > 2:
+        blocks += [
+            "",
+            "Against the known noise floor (MNLL minus the best possible; RMSE and noise over σ):",
+            "",
+            *floor_lines,
+        ]
+    return "\n".join([*blocks, "", *verdicts]), summaries
 
 
 def plot(summaries: dict, path: Path) -> None:
@@ -119,16 +185,20 @@ def plot(summaries: dict, path: Path) -> None:
     fig, axes = plt.subplots(2, len(datasets), figsize=(3.2 * len(datasets), 5.6), squeeze=False)
     for column, dataset in enumerate(datasets):
         methods = list(summaries[dataset])
-        for row, metric in enumerate(("rmse", "mnll")):
+        floor = has_floor(summaries[dataset])
+        for row, metric in enumerate(("rmse_ratio", "mnll_gap") if floor else ("rmse", "mnll")):
             ax = axes[row][column]
             values = [summaries[dataset][m][metric] for m in methods]
             errors = [summaries[dataset][m][metric + "_se"] for m in methods]
             ax.bar(methods, values, yerr=errors, color=[f"C{k}" for k in range(len(methods))], alpha=0.7, capsize=3)
+            if floor:  # the floor itself (RMSE = σ) and the check's MNLL margin above it
+                ax.axhline((1.0, FLOOR_MNLL_GAP)[row], color="k", ls="--", lw=1.2, label="floor check")
             paper = [PAPER_TABLE_3.get(dataset, {}).get(m) for m in methods]
             for k, p in enumerate(paper):
                 if p:
                     ax.plot([k - 0.4, k + 0.4], [p[2 * row]] * 2, "k--", lw=1.2, label="paper" if k == 0 else None)
-            ax.set_title(f"{dataset}: test {metric.upper()}", fontsize=9)
+            ax.set_title(f"{dataset}: {FLOOR_LABELS.get(metric, 'test ' + metric.upper())}", fontsize=9)
+            ax.tick_params(axis="x", labelrotation=30, labelsize=7)
             if row == 0 and column == 0:
                 ax.legend(fontsize=7)
     fig.tight_layout()

@@ -171,21 +171,26 @@ def test_cli_uci_on_a_bundled_classification_set(tmp_path):
         assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
 
 
-def test_uci_summary_script_compares_with_the_paper(tmp_path):
+def load_summary_script():
     import importlib.util
 
     from .helpers import ROOT
 
+    spec = importlib.util.spec_from_file_location("uci_summary", ROOT / "benchmarks" / "uci_summary.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_uci_summary_script_compares_with_the_paper(tmp_path):
     directory = tmp_path / "yacht"  # a stand-in with the name of a Table 3 dataset
     write_uci(directory, rows=40)
     config = UCIConfig(
         methods=("mfg", "whvi"), splits=(0, 1), schedule=Schedule(steps=5), hidden=8, samples=4, progress=False
     )
     run_uci(directory, config, tmp_path)
-    spec = importlib.util.spec_from_file_location("uci_summary", ROOT / "benchmarks" / "uci_summary.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_summary_script()
     module.main(["--results", str(tmp_path), "--datasets", "yacht"])
     text = (tmp_path / "uci_summary.md").read_text()
     assert "| yacht | whvi | 2 |" in text and "0.69 (0.16)" in text and "below MFG's" in text
@@ -212,6 +217,39 @@ def test_uci_summary_script_compares_with_the_paper(tmp_path):
     module.main(["--results", str(longer), "--results", str(tmp_path), "--datasets", "yacht"])
     text = (longer / "uci_summary.md").read_text()
     assert "| yacht | whvi | 2 | 7 |" in text and "| yacht | mfg | 2 | 5 |" in text
+    assert "Against the known noise floor" not in text and "floor" not in (longer / "uci_summary.md").read_text()
+
+
+def test_uci_summary_script_reports_the_noise_floor(tmp_path):
+    """On a set with a known sigma the summary adds each method's distance to the floor, the JSON's own numbers,
+    and names the methods that pass issue 28's check (MNLL within 0.1 nats, noise within 10% of sigma)."""
+    from pyro_whvi.experiments.noisy_sets import write_noisy_set
+
+    write_noisy_set("otlcircuit", tmp_path / "otl", num_points=60, splits=2)
+    config = UCIConfig(
+        methods=("whvi", "mcd"), splits=(0, 1), schedule=Schedule(steps=5), hidden=8, samples=4, progress=False
+    )
+    run_uci(tmp_path / "otl", config, tmp_path)
+    module = load_summary_script()
+    module.main(["--results", str(tmp_path), "--datasets", "otl"])
+    text = (tmp_path / "uci_summary.md").read_text()
+    rows = {e["method"]: e for e in json.loads((tmp_path / "uci_otl.json").read_text())["results"]}
+    whvi = rows["whvi"]
+    cells = " | ".join(f"{whvi[m]:.3f} ± {whvi[m + '_se']:.3f}" for m in ("mnll_gap", "rmse_ratio", "noise_ratio"))
+    assert f"| otl | whvi | 2 | 5 | {whvi['parameters']:,} | {cells} |" in text
+    assert "Paper: Table 3" not in text and "paper std" not in text and "within 0.1 nats of the floor" in text
+    assert (tmp_path / "uci_summary.png").is_file()
+    # The check itself, on rows placed on either side of each bound.
+    at = {"mnll": 0.0, "mnll_gap": 0.1, "noise_ratio": 0.9, "rmse_ratio": 1.0}
+    summary = {
+        "whvi": at,
+        "nf-whvi": {**at, "mnll_gap": 0.11},
+        "mfg": {**at, "noise_ratio": 1.11},
+        "whvi-full": {**at, "mnll_gap": -0.01, "noise_ratio": 1.099},
+        "mcd": {**at, "noise_ratio": 0.89},
+    }
+    assert module.checks("otl", summary)["at_floor"] == ["whvi", "whvi-full"]
+    assert module.checks("otl", {"whvi": {"mnll": 0.0}})["at_floor"] is None
 
 
 def test_whvi_method_is_the_papers_set_up():
