@@ -6,6 +6,9 @@
 PYTHON ?= python3
 VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
+# Test processes for `make test` (pytest-xdist). Each gets one file at a time, so a module's fixtures are built
+# once, and one torch thread (tests/conftest.py), so two workers fill two cores without oversubscribing them.
+PYTEST_WORKERS ?= 2
 BIN := $(VENV)/bin
 
 .PHONY: demo test quick install install-dev build-kernels lint bench docs clean
@@ -37,7 +40,7 @@ lint:
 # Everything CI runs: all extras, lint, types, the docs site (warnings as errors, internal links), and the whole
 # test suite with the compiled kernels required.
 test: install-dev build-kernels lint docs
-	PYRO_WHVI_REQUIRE_COMPILED=1 $(BIN)/python -m pytest
+	PYRO_WHVI_REQUIRE_COMPILED=1 $(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile
 
 # The quick loop while developing: the tests not marked `slow` (see pyproject.toml), in the environment as
 # it is (no install, no lint). `make test` runs the slow ones too.

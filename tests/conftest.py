@@ -3,6 +3,8 @@ list of backends every op test runs through."""
 
 from __future__ import annotations
 
+import os
+
 import pyro
 import pytest
 import torch
@@ -12,6 +14,11 @@ from pyro_whvi import ops
 from .helpers import require_compiled_kernels
 
 BACKENDS = ("reference", "compiled")
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # `make test` runs one worker per core: torch's default of one thread per core in each would oversubscribe
+    # them. Processes that the tests start keep torch's default.
+    torch.set_num_threads(1)
 
 
 @pytest.fixture(autouse=True)
