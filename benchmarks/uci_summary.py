@@ -19,8 +19,8 @@ verdict names the methods within :data:`FLOOR_MNLL_GAP` nats of the floor with a
 :data:`FLOOR_NOISE_TOLERANCE` of σ (issue 28's check); the figure then shows those ratios instead::
 
     python benchmarks/uci_summary.py --results benchmarks/results/synthetic \\
-        --results benchmarks/results/synthetic/more_methods --datasets borehole,hartmann6,otlcircuit,robot,rastrigin5 \\
-        --out benchmarks/results/synthetic/more_methods
+        --results benchmarks/results/synthetic/more_methods --results benchmarks/results/synthetic/nf-whvi \\
+        --datasets borehole,hartmann6,otlcircuit,robot,rastrigin5 --out benchmarks/results/synthetic
 """
 
 from __future__ import annotations
@@ -140,6 +140,7 @@ def table(folders: list[Path], datasets: list[str]) -> tuple[str, dict]:
     for dataset in datasets:
         summary = load(folders, dataset)
         summaries[dataset] = summary
+        floor = has_floor(summary)
         for method, e in summary.items():
             paper = PAPER_TABLE_3.get(dataset, {}).get(method)
             paper_rmse = f"{paper[0]:.2f} ({paper[1]:.2f})" if paper else "–"
@@ -148,7 +149,7 @@ def table(folders: list[Path], datasets: list[str]) -> tuple[str, dict]:
                 f"| {dataset} | {method} | {e['splits']} | {e['steps']:,} | {e['rmse']:.3f} ± {e['rmse_se']:.3f} | "
                 f"{paper_rmse} | {e['mnll']:.3f} ± {e['mnll_se']:.3f} | {paper_mnll} | {e['train_seconds']:.0f} |"
             )
-            if has_floor(summary):
+            if floor:
                 cells = " | ".join(f"{e[m]:.3f} ± {e[m + '_se']:.3f}" for m in FLOOR_METRICS)
                 floor_lines.append(
                     f"| {dataset} | {method} | {e['splits']} | {e['steps']:,} | {e['parameters']:,} | {cells} | "

@@ -16,8 +16,8 @@ from .helpers import require_compiled_kernels
 BACKENDS = ("reference", "compiled")
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
-    # `make test` runs one worker per core: torch's default of one thread per core in each would oversubscribe
-    # them. Processes that the tests start keep torch's default.
+    # `make test` runs PYTEST_WORKERS workers (2: one per core of the CI machine); torch's default of one thread
+    # per core in each would oversubscribe the cores. Processes that the tests start keep torch's default.
     torch.set_num_threads(1)
 
 
