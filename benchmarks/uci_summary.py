@@ -49,10 +49,12 @@ PAPER_TABLE_3 = {
 # noise scale within a fraction FLOOR_NOISE_TOLERANCE of the true sigma.
 FLOOR_MNLL_GAP = 0.1
 FLOOR_NOISE_TOLERANCE = 0.1
+TEMPERED = " (KL "  # a row label's mark of a run with a KL weight other than 1
 
 
 def load(folders: list[Path], dataset: str) -> dict:
-    """Method -> summary entry (with the run's ``steps``), each from the first folder that has it."""
+    """Method -> summary entry (with the run's ``steps``), each from the first folder that has it. A run with a
+    tempered objective (``whvi uci --kl-weight``) is its own row, ``"<method> (KL <weight>)"``."""
     merged: dict = {}
     for folder in folders:
         path = folder / f"uci_{dataset}.json"
@@ -60,16 +62,20 @@ def load(folders: list[Path], dataset: str) -> dict:
             continue
         record = json.loads(path.read_text())
         config = record["meta"]["config"]
+        weight = config.get("kl_weight", 1.0)
         for entry in record["results"]:
-            merged.setdefault(entry["method"], {**entry, "steps": config["schedule"]["steps"], "config": config})
+            label = entry["method"] if weight == 1.0 else f"{entry['method']}{TEMPERED}{weight:g})"
+            merged.setdefault(label, {**entry, "steps": config["schedule"]["steps"], "config": config})
     if not merged:
         raise SystemExit(f"uci_summary: no uci_{dataset}.json in {', '.join(map(str, folders))}")
     return merged
 
 
 def is_whvi_variant(method: str) -> bool:
-    """Whether ``method`` (a ``whvi uci`` name) is one of the library's WHVI guides, however initialized."""
-    return parse_method(method).base in WHVI_COVARIANCES
+    """Whether ``method`` (a row of :func:`load`) is one of the library's WHVI guides, however initialized, trained
+    on the ELBO (a tempered row is a diagnostic of what the KL costs, not the paper's posterior)."""
+    name, tempered, _ = method.partition(TEMPERED)
+    return not tempered and parse_method(name).base in WHVI_COVARIANCES
 
 
 def has_floor(summary: dict) -> bool:

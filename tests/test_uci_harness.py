@@ -141,6 +141,35 @@ def test_raw_targets_train_in_original_units_and_keep_stored_results_valid(tmp_p
     assert row["noise_scale"] == pytest.approx(0.5)
 
 
+def test_kl_weight_tempers_the_objective_of_every_method_and_keeps_stored_results_valid(tmp_path):
+    """``kl_weight`` (``--kl-weight``) reaches the loss that trains each method: with the same seed the first
+    step draws the same noise whatever the weight, so its loss is exactly ``A + w KL`` in ``w``. The default's
+    fingerprint is the one from before the setting existed."""
+    from pyro_whvi.experiments.uci import run_split
+
+    assert UCIConfig(kl_weight=1.0).fingerprint("whvi", "k") == "d1942b1a6ea48c04"
+    assert UCIConfig(kl_weight=0.5).fingerprint("whvi", "k") != "d1942b1a6ea48c04"
+    with pytest.raises(ValueError, match="kl_weight > 0"):
+        UCIConfig(kl_weight=0.0)
+    for method in ("whvi", "mcd", "mfg"):
+        loss = {}
+        for weight in (1.0, 0.5, 0.25):
+            config = UCIConfig(
+                methods=(method,), splits=(0,), schedule=Schedule(steps=1, batch_size=16), hidden=8, samples=4,
+                kl_weight=weight, progress=False,
+            )  # fmt: skip
+            loss[weight] = run_split("diabetes", parse_method(method), 0, config)[0]["final_loss"]
+        kl = 2 * (loss[1.0] - loss[0.5])
+        assert abs(kl) > 1.0, (method, loss)  # the latent part of the loss is not negligible here
+        # float32 sums of a few thousand terms: agreement to 1e-5 of the loss
+        assert loss[0.25] == pytest.approx(loss[0.5] - kl / 4, rel=1e-5, abs=1e-5 * abs(loss[1.0])), (method, loss)
+    from pyro_whvi.experiments.cli import main
+
+    args = ["uci", "--dataset", "diabetes", "--methods", "whvi", "--splits", "0", "--steps", "2", "--samples", "4"]
+    assert main([*args, "--hidden", "8", "--kl-weight", "0.1", "--out", str(tmp_path)]) == 0
+    assert "KL weight 0.1 (tempered)" in (tmp_path / "uci_diabetes.md").read_text()
+
+
 def test_bundled_sets_load_for_both_tasks():
     diabetes = load_dataset_split("diabetes", 0)
     assert diabetes.task == "regression" and diabetes.y_scale > 1
@@ -218,6 +247,15 @@ def test_uci_summary_script_compares_with_the_paper(tmp_path):
     text = (longer / "uci_summary.md").read_text()
     assert "| yacht | whvi | 2 | 7 |" in text and "| yacht | mfg | 2 | 5 |" in text
     assert "Against the known noise floor" not in text and "floor" not in (longer / "uci_summary.md").read_text()
+    # A tempered run (--kl-weight) is its own row, never the paper's WHVI nor a variant in the MC dropout check.
+    tempered = tmp_path / "tempered"
+    run_uci(directory, replace(config, methods=("whvi",), kl_weight=0.1), tempered)
+    module.main(["--results", str(tempered), "--results", str(tmp_path), "--datasets", "yacht"])
+    text = (tempered / "uci_summary.md").read_text()
+    assert "| yacht | whvi (KL 0.1) | 2 | 5 |" in text and "| yacht | whvi | 2 | 5 |" in text
+    merged = module.load([tempered, tmp_path], "yacht")
+    assert merged["whvi"]["mnll"] == summary["whvi"]["mnll"] and "whvi (KL 0.1)" in merged
+    assert module.checks("yacht", {**merged, "mcd": {**row, "mnll": 1e6}})["at_or_below_mcd"] == ["whvi"]
 
 
 def test_uci_summary_script_reports_the_noise_floor(tmp_path):

@@ -161,6 +161,7 @@ def fit(
     progress: bool | str = True,
     checkpoint: Checkpoint | None = None,
     noise: str = "per_rank",
+    kl_weight: float = 1.0,
 ) -> list[float]:
     """Train ``guide`` on ``(x, y)`` with :func:`~pyro_whvi.experiments.engine.train` (``Trace_ELBO``, Adam,
     ``schedule``).
@@ -173,6 +174,7 @@ def fit(
     :param progress: show a progress bar (a string is its label).
     :param checkpoint: save and resume the run here (:class:`~pyro_whvi.experiments.engine.Checkpoint`).
     :param noise: ``"per_rank"`` or ``"per_example"`` (see :mod:`pyro_whvi.experiments.engine`).
+    :param kl_weight: the KL term's weight (:class:`~pyro_whvi.infer.KLAnnealing`); 1 is the ELBO.
     :returns: the ELBO loss (negative ELBO estimate) of every step.
     """
     spec = parse_method(spec) if isinstance(spec, str) else spec
@@ -196,6 +198,7 @@ def fit(
         progress=label if progress else False,
         checkpoint=checkpoint,
         noise=noise,
+        kl_weight=kl_weight,
     )
 
 

@@ -115,6 +115,7 @@ def train_split(
         seed=config.seed + split,
         progress=label if config.progress else False,
         checkpoint=checkpoint,
+        kl_weight=config.kl_weight,
     )
     return TrainedSplit(data, model, guide, losses, time.perf_counter() - start)
 

@@ -91,6 +91,13 @@ def add_uci_command(commands) -> None:
         help="train on regression targets in their original units, as the WHVI paper does (default: standardized "
         "with the training statistics; metrics are in the original units either way)",
     )
+    uci.add_argument(
+        "--kl-weight",
+        type=positive_float,
+        default=defaults.kl_weight,
+        help="weight of the KL term for every method (default 1: the ELBO, as in the papers); below 1 a tempered "
+        "posterior, to measure what the KL costs; the table says so",
+    )
     uci.add_argument("--samples", type=positive, default=defaults.samples, help="test-time posterior samples")
     uci.add_argument("--dropout", type=positive_float, default=defaults.dropout, help="MC dropout rate (default 0.005)")
     uci.add_argument("--flows", type=positive, default=defaults.flows, help="planar flows of nf-whvi (default 3)")
@@ -166,6 +173,7 @@ def run_uci_command(args: argparse.Namespace) -> int:
             nproc=args.nproc,
             checkpoint_every=args.checkpoint_every,
             standardize_targets=not args.raw_targets,
+            kl_weight=args.kl_weight,
         )
         check_source(source, config.splits)
         check_writable(args.out)
