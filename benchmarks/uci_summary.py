@@ -54,7 +54,8 @@ TEMPERED = " (KL "  # a row label's mark of a run with a KL weight other than 1
 
 def load(folders: list[Path], dataset: str) -> dict:
     """Method -> summary entry (with the run's ``steps``), each from the first folder that has it. A run with a
-    tempered objective (``whvi uci --kl-weight``) is its own row, ``"<method> (KL <weight>)"``."""
+    tempered objective (``whvi uci --kl-weight``) is its own row, ``"<method> (KL <weight>)"``, or with the weight
+    chosen on validation, ``"<method> (KL from <candidates>)"``."""
     merged: dict = {}
     for folder in folders:
         path = folder / f"uci_{dataset}.json"
@@ -63,8 +64,12 @@ def load(folders: list[Path], dataset: str) -> dict:
         record = json.loads(path.read_text())
         config = record["meta"]["config"]
         weight = config.get("kl_weight", 1.0)
+        if isinstance(weight, list):  # candidates, one chosen per split on validation (whvi uci --kl-weight a,b)
+            mark = f"{TEMPERED}from {','.join(f'{w:g}' for w in weight)})"
+        else:
+            mark = "" if weight == 1.0 else f"{TEMPERED}{weight:g})"
         for entry in record["results"]:
-            label = entry["method"] if weight == 1.0 else f"{entry['method']}{TEMPERED}{weight:g})"
+            label = entry["method"] + mark
             merged.setdefault(label, {**entry, "steps": config["schedule"]["steps"], "config": config})
     if not merged:
         raise SystemExit(f"uci_summary: no uci_{dataset}.json in {', '.join(map(str, folders))}")
@@ -73,9 +78,10 @@ def load(folders: list[Path], dataset: str) -> dict:
 
 def is_whvi_variant(method: str) -> bool:
     """Whether ``method`` (a row of :func:`load`) is one of the library's WHVI guides, however initialized, trained
-    on the ELBO (a tempered row is a diagnostic of what the KL costs, not the paper's posterior)."""
-    name, tempered, _ = method.partition(TEMPERED)
-    return not tempered and parse_method(name).base in WHVI_COVARIANCES
+    on the ELBO or with a KL weight chosen on validation rows (a weight given by hand is a diagnostic of what the KL
+    costs: looking at test scores to give it would tune on the test set)."""
+    name, tempered, weight = method.partition(TEMPERED)
+    return (not tempered or weight.startswith("from ")) and parse_method(name).base in WHVI_COVARIANCES
 
 
 def has_floor(summary: dict) -> bool:

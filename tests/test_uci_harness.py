@@ -170,6 +170,64 @@ def test_kl_weight_tempers_the_objective_of_every_method_and_keeps_stored_result
     assert "KL weight 0.1 (tempered)" in (tmp_path / "uci_diabetes.md").read_text()
 
 
+def test_several_kl_weights_are_chosen_on_validation_rows_then_trained_on_all(tmp_path, monkeypatch):
+    """``--kl-weight 1,0.5``: each candidate is trained on the fit part of the training rows and scored on the
+    held-out rest (the scores are those of training that candidate directly); the lowest validation MNLL wins
+    and the split is trained on all its training rows with it. Finished candidates are read back, not trained."""
+    from pyro_whvi.experiments import uci
+    from pyro_whvi.experiments.uci_report import evaluate
+
+    config = UCIConfig(
+        methods=("whvi",), splits=(0,), schedule=Schedule(steps=3, batch_size=16), hidden=8, samples=4,
+        kl_weight=(1.0, 0.5), val_fraction=0.25, progress=False,
+    )  # fmt: skip
+    data = load_dataset_split("diabetes", 0)
+    part = uci.validation_part(data, 0.25, config.seed)
+    assert len(part.y_test) == round(0.25 * len(data.y_train)) and len(part.y_train) + len(part.y_test) == len(
+        data.y_train
+    )
+    rows = {tuple(r.tolist()) for r in torch.cat([part.x_train, part.x_test])}
+    assert rows == {tuple(r.tolist()) for r in data.x_train}  # a partition of the training rows, no test row
+    expected = {}
+    for weight in (1.0, 0.5):
+        trained = uci.train_split("diabetes", parse_method("whvi"), 0, config, kl_weight=weight, data=part)
+        f = predictive_samples(trained.model, trained.guide, part.x_test, config.samples)
+        expected[f"{weight:g}"] = evaluate(part, f, trained.model.noise_scale.detach())["mnll"]
+    store = tmp_path / "split0.validation.json"
+    best, scores = uci.choose_kl_weight("diabetes", parse_method("whvi"), 0, config, store)
+    assert scores == pytest.approx(expected, rel=1e-6) and best == min((1.0, 0.5), key=lambda w: scores[f"{w:g}"])
+    monkeypatch.setattr(uci, "train_split", lambda *args, **kwargs: pytest.fail("trained a finished candidate"))
+    assert uci.choose_kl_weight("diabetes", parse_method("whvi"), 0, config, store) == (best, scores)
+    monkeypatch.undo()
+    with pytest.raises(ValueError, match="pass the one to train with as kl_weight"):
+        uci.train_split("diabetes", parse_method("whvi"), 0, config)
+    run_uci("diabetes", config, tmp_path)
+    saved = json.loads((tmp_path / "runs" / "diabetes" / "whvi" / "split0.json").read_text())["row"]
+    assert saved["kl_weight"] == best and saved["validation_scores"] == pytest.approx(scores, rel=1e-6)
+    assert saved["train_seconds"] >= saved["selection_seconds"] > 0
+    final = uci.train_split("diabetes", parse_method("whvi"), 0, config, kl_weight=best)
+    assert saved["final_loss"] == pytest.approx(sum(final.losses) / len(final.losses), rel=1e-6)
+    assert not list((tmp_path / "runs").rglob("*.validation.json")) and not list((tmp_path / "runs").rglob("*.ckpt"))
+    text = (tmp_path / "uci_diabetes.md").read_text()
+    assert "KL weight chosen from 1, 0.5 on 25% of each split's training rows" in text
+    assert f"KL weight chosen per split on validation: whvi: {best:g}" in text
+    # one weight is a number, with the fingerprint it had before candidates existed; several need one process
+    assert UCIConfig(kl_weight=(0.5,)).kl_weight == 0.5 and UCIConfig(kl_weight=(0.5,)).fingerprint("whvi") == (
+        UCIConfig(kl_weight=0.5, val_fraction=0.3).fingerprint("whvi")
+    )
+    assert config.fingerprint("whvi") != replace(config, val_fraction=0.3).fingerprint("whvi")
+    with pytest.raises(ValueError, match="give nproc 1, or one kl_weight"):
+        replace(config, nproc=2)
+    with pytest.raises(ValueError, match="val_fraction in"):
+        replace(config, val_fraction=1.0)
+    with pytest.raises(ValueError, match="leaves 1 to train on"):
+        uci.validation_part(replace(data, y_train=data.y_train[:3], x_train=data.x_train[:3]), 0.5, 0)
+    from pyro_whvi.experiments.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["uci", "--dataset", "diabetes", "--kl-weight", "1,-0.1", "--out", str(tmp_path)])
+
+
 def test_bundled_sets_load_for_both_tasks():
     diabetes = load_dataset_split("diabetes", 0)
     assert diabetes.task == "regression" and diabetes.y_scale > 1
@@ -256,6 +314,13 @@ def test_uci_summary_script_compares_with_the_paper(tmp_path):
     merged = module.load([tempered, tmp_path], "yacht")
     assert merged["whvi"]["mnll"] == summary["whvi"]["mnll"] and "whvi (KL 0.1)" in merged
     assert module.checks("yacht", {**merged, "mcd": {**row, "mnll": 1e6}})["at_or_below_mcd"] == ["whvi"]
+    # A weight chosen on validation rows is its own row too, and a WHVI variant: no test score chose it.
+    chosen = tmp_path / "chosen"
+    run_uci(directory, replace(config, methods=("whvi",), splits=(0,), kl_weight=(1.0, 0.1)), chosen)
+    merged = module.load([chosen, tmp_path], "yacht")
+    assert "whvi (KL from 1,0.1)" in merged and merged["whvi"]["mnll"] == summary["whvi"]["mnll"]
+    verdict = module.checks("yacht", {**merged, "mcd": {**row, "mnll": 1e6}})
+    assert sorted(verdict["at_or_below_mcd"]) == ["whvi", "whvi (KL from 1,0.1)"]
 
 
 def test_uci_summary_script_reports_the_noise_floor(tmp_path):

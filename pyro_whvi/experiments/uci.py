@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import time
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -42,6 +42,7 @@ from .engine import Checkpoint
 from .methods import MethodSpec, build_method, fit, parse_method, predictive_samples
 from .noisy_sets import NOISE_FILE, noise_floor, read_noise_std
 from .reporting import check_writable, save_tables, write_atomic
+from .selection import holdout
 from .uci_config import ENGINE_VERSION, UCIConfig
 from .uci_data import (
     BUNDLED_DATASETS,
@@ -62,6 +63,7 @@ __all__ = [
     "UCIConfig",
     "UCIData",
     "check_source",
+    "choose_kl_weight",
     "data_key",
     "dataset_name",
     "load_dataset_split",
@@ -70,6 +72,7 @@ __all__ = [
     "run_uci",
     "summarize",
     "train_split",
+    "validation_part",
 ]
 
 
@@ -85,11 +88,31 @@ class TrainedSplit:
 
 
 def train_split(
-    source: str | Path, spec: MethodSpec, split: int, config: UCIConfig, checkpoint: Checkpoint | None = None
+    source: str | Path,
+    spec: MethodSpec,
+    split: int,
+    config: UCIConfig,
+    checkpoint: Checkpoint | None = None,
+    *,
+    kl_weight: float | None = None,
+    data: UCIData | None = None,
 ) -> TrainedSplit:
     """Build ``spec``'s network for split ``split`` (seeded with ``config.seed + split``) and train it on
-    the split's training data (in every rank of a process group: each its shard)."""
-    data = load_dataset_split(source, split, standardize_targets=config.standardize_targets)
+    the split's training data (in every rank of a process group: each its shard).
+
+    :param kl_weight: the KL term's weight; default ``config.kl_weight``, which must then be a single one.
+    :param data: train on ``data.x_train``, ``data.y_train`` instead of the split's (e.g. a validation holdout's
+        fit part, :func:`choose_kl_weight`)."""
+    validating = data is not None
+    if kl_weight is None:
+        if len(config.kl_weights) > 1:
+            raise ValueError(
+                f"train_split: config.kl_weight holds {len(config.kl_weights)} candidates; pass the one to train "
+                "with as kl_weight (choose_kl_weight chooses one)"
+            )
+        kl_weight = config.kl_weights[0]
+    if data is None:
+        data = load_dataset_split(source, split, standardize_targets=config.standardize_targets)
     pyro.set_rng_seed(config.seed + split)
     pyro.clear_param_store()
     regression = data.task == "regression"
@@ -105,6 +128,8 @@ def train_split(
     )
     start = time.perf_counter()
     label = f"{dataset_name(source)} {spec.name} split {split}"
+    if len(config.kl_weights) > 1:
+        label += f" KL {kl_weight:g}" + (" (validation)" if validating else "")
     losses = fit(
         spec,
         model,
@@ -115,20 +140,81 @@ def train_split(
         seed=config.seed + split,
         progress=label if config.progress else False,
         checkpoint=checkpoint,
-        kl_weight=config.kl_weight,
+        kl_weight=kl_weight,
     )
     return TrainedSplit(data, model, guide, losses, time.perf_counter() - start)
 
 
+def validation_part(data: UCIData, fraction: float, seed: int) -> UCIData:
+    """``data`` with its training rows split by :func:`~pyro_whvi.experiments.selection.holdout`: a ``fraction``
+    of them in the place of the test rows, the rest to train on (the scaling is the full training rows')."""
+    fit_rows, val_rows = holdout(len(data.y_train), fraction, seed)
+    if len(val_rows) < 1 or len(fit_rows) < 2:
+        raise ValueError(
+            f"val_fraction {fraction} of {len(data.y_train)} training rows leaves {len(fit_rows)} to train on and "
+            f"{len(val_rows)} to validate on; choose a val_fraction that leaves at least 2 and 1, or one KL weight"
+        )
+    x, y = data.x_train, data.y_train
+    return replace(data, x_train=x[fit_rows], y_train=y[fit_rows], x_test=x[val_rows], y_test=y[val_rows])
+
+
+def choose_kl_weight(
+    source: str | Path, spec: MethodSpec, split: int, config: UCIConfig, store: Path | None = None
+) -> tuple[float, dict[str, float]]:
+    """Train ``spec`` with each of ``config.kl_weights`` on the fit part of split ``split``'s training rows
+    (:func:`validation_part`) and score it on the rest: test MNLL for regression, NLL for classification.
+
+    :param store: a JSON file that keeps each finished candidate's score (and, while it trains, a checkpoint
+        next to it), so that a rerun with the same settings does not train it again.
+    :returns: the weight with the lowest score (ties: the first given) and every candidate's score, by weight.
+    """
+    data = load_dataset_split(source, split, standardize_targets=config.standardize_targets)
+    part = validation_part(data, config.val_fraction, config.seed + split)
+    fingerprint = config.fingerprint(spec.name, data_key(source, split))
+    saved = json.loads(store.read_text()) if store is not None and store.is_file() else {}
+    scores: dict[str, float] = saved.get("scores", {}) if saved.get("fingerprint") == fingerprint else {}
+    metric = "mnll" if data.task == "regression" else "nll"
+    for weight in config.kl_weights:
+        if f"{weight:g}" in scores:
+            continue
+        checkpoint = None
+        if store is not None and config.checkpoint_every:
+            checkpoint = Checkpoint(store.with_suffix(f".kl{weight:g}.ckpt"), config.checkpoint_every, fingerprint)
+        trained = train_split(source, spec, split, config, checkpoint, kl_weight=weight, data=part)
+        f = predictive_samples(trained.model, trained.guide, part.x_test, config.samples)
+        noise = trained.model.noise_scale.detach() if data.task == "regression" else None
+        scores[f"{weight:g}"] = evaluate(part, f, noise)[metric]
+        if store is not None:
+            write_atomic(store, json.dumps({"fingerprint": fingerprint, "scores": scores}, indent=2))
+            if checkpoint is not None:
+                checkpoint.path.unlink(missing_ok=True)
+    best = min(config.kl_weights, key=lambda weight: scores[f"{weight:g}"])
+    return best, {f"{weight:g}": scores[f"{weight:g}"] for weight in config.kl_weights}
+
+
 def run_split(
-    source: str | Path, spec: MethodSpec, split: int, config: UCIConfig, checkpoint: Checkpoint | None = None
+    source: str | Path,
+    spec: MethodSpec,
+    split: int,
+    config: UCIConfig,
+    checkpoint: Checkpoint | None = None,
+    selection_store: Path | None = None,
 ) -> tuple[dict[str, Any], dict]:
     """Train ``spec`` on split ``split`` (:func:`train_split`); return its row of metrics and, for
     classification, the reliability diagram's bins (``{"reliability": [confidence, accuracy, count]}``).
 
+    With several ``config.kl_weights`` the weight is chosen first (:func:`choose_kl_weight`, its scores kept in
+    ``selection_store``); the row then names it (``kl_weight``), every candidate's validation score and the
+    seconds the choice took (counted in ``train_seconds``).
     In a process group every rank trains its shard and only rank 0 evaluates (the others return ``({}, {})``).
     """
-    trained = train_split(source, spec, split, config, checkpoint)
+    chosen: dict[str, Any] = {}
+    kl_weight = config.kl_weights[0]
+    if len(config.kl_weights) > 1:
+        start = time.perf_counter()
+        kl_weight, scores = choose_kl_weight(source, spec, split, config, selection_store)
+        chosen = {"kl_weight": kl_weight, "validation_scores": scores, "selection_seconds": time.perf_counter() - start}
+    trained = train_split(source, spec, split, config, checkpoint, kl_weight=kl_weight)
     if distributed.rank() != 0:
         return {}, {}
     data, model, guide, losses = trained.data, trained.model, trained.guide, trained.losses
@@ -142,7 +228,8 @@ def run_split(
         **evaluate(data, f, noise),
         "final_loss": sum(losses[-100:]) / len(losses[-100:]),
         "variational_parameters": sum(p.numel() for p in guide.parameters()),
-        "train_seconds": trained.seconds,
+        "train_seconds": trained.seconds + chosen.get("selection_seconds", 0.0),
+        **chosen,
     }
     return row, extra
 
@@ -223,11 +310,13 @@ def _run_jobs(source: str | Path, config: UCIConfig, out: Path) -> tuple[list[di
         if saved.get("fingerprint") != fingerprint:
             every = config.checkpoint_every
             checkpoint = Checkpoint(path.with_suffix(".ckpt"), every, fingerprint) if every else None
-            row, extra = run_split(source, parse_method(method), split, config, checkpoint)
+            store = path.with_suffix(".validation.json")
+            row, extra = run_split(source, parse_method(method), split, config, checkpoint, store)
             saved = {"fingerprint": fingerprint, "row": row, **extra}
             if leader:
                 write_atomic(path, json.dumps(saved, indent=2))
                 path.with_suffix(".ckpt").unlink(missing_ok=True)
+                store.unlink(missing_ok=True)  # the choice's scores are in the row
         rows.append(saved["row"])
         if "reliability" in saved:
             reliability.setdefault(method, []).append(saved["reliability"])
@@ -238,6 +327,11 @@ def _run_jobs(source: str | Path, config: UCIConfig, out: Path) -> tuple[list[di
         rows = [with_floor(row, sigma) for row in rows]
     summary = summarize(rows, config.methods)
     text = summary_table(name, summary, config)
+    if len(config.kl_weights) > 1:
+        text += "\n\nKL weight chosen per split on validation: " + "; ".join(
+            f"{method}: " + ", ".join(f"{row['kl_weight']:g}" for row in rows if row["method"] == method)
+            for method in config.methods
+        )
     if sigma is not None:
         floor = noise_floor(sigma)
         text += (

@@ -34,6 +34,11 @@ def _splits(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
+def _kl_weights(text: str) -> float | tuple[float, ...]:
+    weights = tuple(positive_float(part.strip()) for part in text.split(","))
+    return weights if len(weights) > 1 else weights[0]
+
+
 def add_uci_command(commands) -> None:
     from .methods import BASE_METHODS, Schedule
     from .uci import BUNDLED_DATASETS, UCIConfig
@@ -93,10 +98,18 @@ def add_uci_command(commands) -> None:
     )
     uci.add_argument(
         "--kl-weight",
-        type=positive_float,
+        type=_kl_weights,
         default=defaults.kl_weight,
         help="weight of the KL term for every method (default 1: the ELBO, as in the papers); below 1 a tempered "
-        "posterior, to measure what the KL costs; the table says so",
+        "posterior, to measure what the KL costs; the table says so. Several, e.g. 1,0.3,0.1: each split chooses "
+        "one on a --val-fraction of its training rows (every candidate trained there), then trains with it",
+    )
+    uci.add_argument(
+        "--val-fraction",
+        type=positive_float,
+        default=defaults.val_fraction,
+        help=f"part of each split's training rows that chooses among several --kl-weight (default "
+        f"{defaults.val_fraction})",
     )
     uci.add_argument("--samples", type=positive, default=defaults.samples, help="test-time posterior samples")
     uci.add_argument("--dropout", type=positive_float, default=defaults.dropout, help="MC dropout rate (default 0.005)")
@@ -174,6 +187,7 @@ def run_uci_command(args: argparse.Namespace) -> int:
             checkpoint_every=args.checkpoint_every,
             standardize_targets=not args.raw_targets,
             kl_weight=args.kl_weight,
+            val_fraction=args.val_fraction,
         )
         check_source(source, config.splits)
         check_writable(args.out)

@@ -75,7 +75,11 @@ class UCIConfig:
     \\mathrm{KL}` (:class:`~pyro_whvi.infer.KLAnnealing`) for every method (for ``mcd``, a point estimate, it weights
     the log prior: the weight decay). 1, the default, is the ELBO, as the WHVI paper trains; below 1 the
     posterior is tempered (as the VSD paper's regression runs are, App. I.2), which measures what the KL term
-    costs on a data set.
+    costs on a data set. Several weights (a tuple; a number is one) are candidates: each split holds out a
+    ``val_fraction`` of its training rows (seeded with ``seed + split``), trains every candidate on the rest,
+    keeps the weight with the best validation MNLL (NLL for classification; ties: the first) and trains on all
+    its training rows with it, as the VSD paper chooses its temperature by cross-validation (§4, App. I.2).
+    ``val_fraction`` is read only then; the choice needs ``nproc`` 1.
     """
 
     methods: tuple[str, ...] = ("mfg", "mcd", "whvi")
@@ -91,7 +95,8 @@ class UCIConfig:
     seed: int = 0
     nproc: int = 1
     standardize_targets: bool = True
-    kl_weight: float = 1.0
+    kl_weight: float | tuple[float, ...] = 1.0
+    val_fraction: float = 0.2
     checkpoint_every: int = 1000
     progress: bool = True
 
@@ -104,14 +109,28 @@ class UCIConfig:
             raise ValueError("UCIConfig: hidden >= 1, layers >= 0, samples >= 2 and noise_scale > 0 expected.")
         if not 0.0 < self.dropout < 1.0 or self.flows < 1 or self.reflections < 0:
             raise ValueError("UCIConfig: dropout in (0, 1), flows >= 1 and reflections >= 0 expected.")
-        if not self.kl_weight > 0:
+        weights = self.kl_weights
+        if not weights or not all(weight > 0 for weight in weights):
             raise ValueError(f"UCIConfig: kl_weight > 0 expected (1 is the ELBO), got {self.kl_weight!r}.")
+        weights = tuple(dict.fromkeys(float(weight) for weight in weights))
+        object.__setattr__(self, "kl_weight", weights if len(weights) > 1 else weights[0])  # one: a number, as stored
+        if len(self.kl_weights) > 1 and not 0 < self.val_fraction < 1:
+            raise ValueError(f"UCIConfig: val_fraction in (0, 1) expected, got {self.val_fraction!r}.")
+        if len(self.kl_weights) > 1 and self.nproc > 1:
+            raise ValueError(
+                "UCIConfig: choosing among several KL weights runs in one process; give nproc 1, or one kl_weight."
+            )
         if self.nproc < 1 or self.checkpoint_every < 0:
             raise ValueError("UCIConfig: nproc >= 1 and checkpoint_every >= 0 (0: no checkpoints) expected.")
         if self.schedule.batch_size is not None:
             shard_size(self.schedule.batch_size, self.nproc)
         if not 0 <= self.seed + max(self.splits) < 2**32:  # each split is seeded with seed + split
             raise ValueError(f"UCIConfig: seed + split must be in [0, 2**32) (numpy's seeds), got seed {self.seed}.")
+
+    @property
+    def kl_weights(self) -> tuple[float, ...]:
+        """The KL weight, or the candidates chosen from on validation (``kl_weight`` as a tuple)."""
+        return self.kl_weight if isinstance(self.kl_weight, tuple) else (self.kl_weight,)
 
     @classmethod
     def from_preset(
@@ -139,9 +158,12 @@ class UCIConfig:
     def fingerprint(self, method: str, data: str = "") -> str:
         """A short hash of everything that changes the result of ``method`` on one split: the settings
         and ``data``, a key of the split's data (:func:`data_key`)."""
+        settings = asdict(self)
+        if len(self.kl_weights) == 1:  # read only when choosing among several
+            del settings["val_fraction"]
         settings = {
             k: v
-            for k, v in asdict(self).items()
+            for k, v in settings.items()
             if k not in _NOT_FINGERPRINTED and not (k in _LATER_SETTINGS and v == _LATER_SETTINGS[k])
         }
         version = {"version": _VERSIONS.get(method, 1), "engine": ENGINE_VERSION}

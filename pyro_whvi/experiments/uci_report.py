@@ -81,7 +81,11 @@ def summary_table(name: str, summary: list[dict[str, Any]], config: UCIConfig) -
     fixed = min(schedule.fixed_noise_steps, schedule.steps)
     noise = f" (noise fixed for the first {fixed})" if "rmse" in metrics and fixed else ""
     targets = ", raw targets" if "rmse" in metrics and not config.standardize_targets else ""
-    tempered = f", KL weight {config.kl_weight:g} (tempered)" if config.kl_weight != 1.0 else ""
+    weights = config.kl_weights
+    tempered = f", KL weight {weights[0]:g} (tempered)" if weights != (1.0,) else ""
+    if len(weights) > 1:
+        candidates = ", ".join(f"{weight:g}" for weight in weights)
+        tempered = f", KL weight chosen from {candidates} on {config.val_fraction:.0%} of each split's training rows"
     lines = [
         f"### {name}: {config.layers}x{config.hidden} ReLU, {schedule.steps} steps{noise}, batch "
         f"{schedule.batch_size}, lr {schedule.lr:g}, {config.samples} test samples{targets}{tempered}; mean ± standard "
