@@ -170,17 +170,20 @@ def test_kl_weight_tempers_the_objective_of_every_method_and_keeps_stored_result
     assert "KL weight 0.1 (tempered)" in (tmp_path / "uci_diabetes.md").read_text()
 
 
-def test_several_kl_weights_are_chosen_on_validation_rows_then_trained_on_all(tmp_path, monkeypatch):
-    """``--kl-weight 1,0.5``: each candidate is trained on the fit part of the training rows and scored on the
+def test_several_kl_weights_are_chosen_on_validation_rows_then_trained_on_all(tmp_path, monkeypatch, capsys):
+    """``--kl-weight 1,0.01``: each candidate is trained on the fit part of the training rows and scored on the
     held-out rest (the scores are those of training that candidate directly); the lowest validation MNLL wins
-    and the split is trained on all its training rows with it. Finished candidates are read back, not trained."""
+    (a NaN never does) and the split is trained on all its training rows with it. Finished candidates are read
+    back, not trained again."""
     from pyro_whvi.experiments import uci
     from pyro_whvi.experiments.uci_report import evaluate
 
+    schedule = Schedule(steps=20, fixed_noise_steps=0, batch_size=16, lr=0.05)
     config = UCIConfig(
-        methods=("whvi",), splits=(0,), schedule=Schedule(steps=3, batch_size=16), hidden=8, samples=4,
-        kl_weight=(1.0, 0.5), val_fraction=0.25, progress=False,
+        methods=("mfg",), splits=(0,), schedule=schedule, hidden=8, samples=4, kl_weight=(1.0, 0.01),
+        val_fraction=0.25, progress=False,
     )  # fmt: skip
+    mfg = parse_method("mfg")
     data = load_dataset_split("diabetes", 0)
     part = uci.validation_part(data, 0.25, config.seed)
     assert len(part.y_test) == round(0.25 * len(data.y_train)) and len(part.y_train) + len(part.y_test) == len(
@@ -189,43 +192,64 @@ def test_several_kl_weights_are_chosen_on_validation_rows_then_trained_on_all(tm
     rows = {tuple(r.tolist()) for r in torch.cat([part.x_train, part.x_test])}
     assert rows == {tuple(r.tolist()) for r in data.x_train}  # a partition of the training rows, no test row
     expected = {}
-    for weight in (1.0, 0.5):
-        trained = uci.train_split("diabetes", parse_method("whvi"), 0, config, kl_weight=weight, data=part)
+    for weight in (1.0, 0.01):
+        trained = uci.train_split("diabetes", mfg, 0, config, kl_weight=weight, data=part)
         f = predictive_samples(trained.model, trained.guide, part.x_test, config.samples)
-        expected[f"{weight:g}"] = evaluate(part, f, trained.model.noise_scale.detach())["mnll"]
+        expected[repr(weight)] = evaluate(part, f, trained.model.noise_scale.detach())["mnll"]
+    assert abs(expected["1.0"] - expected["0.01"]) > 1e-3  # the weight matters here: the choice is not a tie
     store = tmp_path / "split0.validation.json"
-    best, scores = uci.choose_kl_weight("diabetes", parse_method("whvi"), 0, config, store)
-    assert scores == pytest.approx(expected, rel=1e-6) and best == min((1.0, 0.5), key=lambda w: scores[f"{w:g}"])
+    best, scores, _ = uci.choose_kl_weight("diabetes", mfg, 0, config, store)
+    assert scores == pytest.approx(expected, rel=1e-6) and repr(best) == min(expected, key=expected.__getitem__)
+    # The stored scores decide without training: the lowest wins, a NaN never.
     monkeypatch.setattr(uci, "train_split", lambda *args, **kwargs: pytest.fail("trained a finished candidate"))
-    assert uci.choose_kl_weight("diabetes", parse_method("whvi"), 0, config, store) == (best, scores)
+    stored = json.loads(store.read_text())
+    cases = [
+        ({"1.0": 5.0, "0.01": 3.0}, 0.01),
+        ({"1.0": 2.0, "0.01": 3.0}, 1.0),
+        ({"1.0": math.nan, "0.01": 9.0}, 0.01),
+    ]
+    for given, winner in cases:
+        store.write_text(json.dumps({**stored, "scores": given}))
+        assert uci.choose_kl_weight("diabetes", mfg, 0, config, store)[0] == winner
     monkeypatch.undo()
     with pytest.raises(ValueError, match="pass the one to train with as kl_weight"):
-        uci.train_split("diabetes", parse_method("whvi"), 0, config)
+        uci.train_split("diabetes", mfg, 0, config)
     run_uci("diabetes", config, tmp_path)
-    saved = json.loads((tmp_path / "runs" / "diabetes" / "whvi" / "split0.json").read_text())["row"]
+    saved = json.loads((tmp_path / "runs" / "diabetes" / "mfg" / "split0.json").read_text())["row"]
     assert saved["kl_weight"] == best and saved["validation_scores"] == pytest.approx(scores, rel=1e-6)
     assert saved["train_seconds"] >= saved["selection_seconds"] > 0
-    final = uci.train_split("diabetes", parse_method("whvi"), 0, config, kl_weight=best)
-    assert saved["final_loss"] == pytest.approx(sum(final.losses) / len(final.losses), rel=1e-6)
+    losses = {w: uci.train_split("diabetes", mfg, 0, config, kl_weight=w).losses for w in (1.0, 0.01)}
+    assert saved["final_loss"] == pytest.approx(sum(losses[best]) / len(losses[best]), rel=1e-6)
     assert not list((tmp_path / "runs").rglob("*.validation.json")) and not list((tmp_path / "runs").rglob("*.ckpt"))
     text = (tmp_path / "uci_diabetes.md").read_text()
-    assert "KL weight chosen from 1, 0.5 on 25% of each split's training rows" in text
-    assert f"KL weight chosen per split on validation: whvi: {best:g}" in text
-    # one weight is a number, with the fingerprint it had before candidates existed; several need one process
+    assert "KL weight chosen from 1, 0.01 on 25% of each split's training rows" in text
+    assert f"KL weight chosen per split on validation: mfg: {best:g}" in text
+    # A chosen weight that is not the first is the one the split trains with.
+    other = 1.0 if best == 0.01 else 0.01
+    monkeypatch.setattr(uci, "choose_kl_weight", lambda *args: (other, {}, 0.0))
+    row = uci.run_split("diabetes", mfg, 0, config)[0]
+    assert row["kl_weight"] == other and row["final_loss"] == pytest.approx(sum(losses[other]) / 20, rel=1e-6)
+    # One weight is a number, with the fingerprint it had before candidates existed; several need one process.
     assert UCIConfig(kl_weight=(0.5,)).kl_weight == 0.5 and UCIConfig(kl_weight=(0.5,)).fingerprint("whvi") == (
         UCIConfig(kl_weight=0.5, val_fraction=0.3).fingerprint("whvi")
     )
-    assert config.fingerprint("whvi") != replace(config, val_fraction=0.3).fingerprint("whvi")
+    assert UCIConfig(kl_weight=[1, 0.5]).kl_weight == (1.0, 0.5)  # as the results' JSON stores them
+    assert config.fingerprint("mfg") != replace(config, val_fraction=0.3).fingerprint("mfg")
     with pytest.raises(ValueError, match="give nproc 1, or one kl_weight"):
         replace(config, nproc=2)
     with pytest.raises(ValueError, match="val_fraction in"):
         replace(config, val_fraction=1.0)
-    with pytest.raises(ValueError, match="leaves 1 to train on"):
-        uci.validation_part(replace(data, y_train=data.y_train[:3], x_train=data.x_train[:3]), 0.5, 0)
     from pyro_whvi.experiments.cli import main
 
-    with pytest.raises(SystemExit):
-        main(["uci", "--dataset", "diabetes", "--kl-weight", "1,-0.1", "--out", str(tmp_path)])
+    args = ["uci", "--dataset", "diabetes", "--splits", "0", "--out", str(tmp_path / "cli")]
+    few = "--val-fraction) 0.001 of 398 training rows leaves 398 to train on and 0 to validate"
+    for bad, message in (
+        (["--kl-weight", "1,-0.1"], "--kl-weight"),
+        (["--kl-weight", "1,0.1", "--val-fraction", "0.001"], few),
+    ):
+        with pytest.raises(SystemExit) as exit_code:
+            main([*args, *bad])
+        assert exit_code.value.code == 2 and message in capsys.readouterr().err
 
 
 def test_bundled_sets_load_for_both_tasks():

@@ -25,6 +25,7 @@ References:
 from __future__ import annotations
 
 import json
+import math
 import time
 import warnings
 from dataclasses import asdict, dataclass, replace
@@ -63,6 +64,7 @@ __all__ = [
     "UCIConfig",
     "UCIData",
     "check_source",
+    "check_validation",
     "choose_kl_weight",
     "data_key",
     "dataset_name",
@@ -151,45 +153,59 @@ def validation_part(data: UCIData, fraction: float, seed: int) -> UCIData:
     fit_rows, val_rows = holdout(len(data.y_train), fraction, seed)
     if len(val_rows) < 1 or len(fit_rows) < 2:
         raise ValueError(
-            f"val_fraction {fraction} of {len(data.y_train)} training rows leaves {len(fit_rows)} to train on and "
-            f"{len(val_rows)} to validate on; choose a val_fraction that leaves at least 2 and 1, or one KL weight"
+            f"val_fraction (--val-fraction) {fraction} of {len(data.y_train)} training rows leaves {len(fit_rows)} "
+            f"to train on and {len(val_rows)} to validate on; choose one that leaves at least 2 and 1, or one KL weight"
         )
     x, y = data.x_train, data.y_train
     return replace(data, x_train=x[fit_rows], y_train=y[fit_rows], x_test=x[val_rows], y_test=y[val_rows])
 
 
+def check_validation(source: str | Path, config: UCIConfig) -> None:
+    """A ``ValueError`` before any training when ``config`` chooses among KL weights and its ``val_fraction``
+    leaves a split too few rows to train on or to validate on (:func:`validation_part`)."""
+    if len(config.kl_weights) > 1:
+        for split in config.splits:
+            data = load_dataset_split(source, split, standardize_targets=config.standardize_targets)
+            validation_part(data, config.val_fraction, config.seed + split)
+
+
 def choose_kl_weight(
     source: str | Path, spec: MethodSpec, split: int, config: UCIConfig, store: Path | None = None
-) -> tuple[float, dict[str, float]]:
+) -> tuple[float, dict[str, float], float]:
     """Train ``spec`` with each of ``config.kl_weights`` on the fit part of split ``split``'s training rows
     (:func:`validation_part`) and score it on the rest: test MNLL for regression, NLL for classification.
 
-    :param store: a JSON file that keeps each finished candidate's score (and, while it trains, a checkpoint
-        next to it), so that a rerun with the same settings does not train it again.
-    :returns: the weight with the lowest score (ties: the first given) and every candidate's score, by weight.
+    :param store: a JSON file that keeps each finished candidate's score and seconds (and, while it trains, a
+        checkpoint next to it), so that a rerun with the same settings does not train it again.
+    :returns: the weight with the lowest score (ties: the first given; a NaN score never wins), every
+        candidate's score by ``repr(weight)``, and the seconds their training took.
     """
     data = load_dataset_split(source, split, standardize_targets=config.standardize_targets)
     part = validation_part(data, config.val_fraction, config.seed + split)
     fingerprint = config.fingerprint(spec.name, data_key(source, split))
-    saved = json.loads(store.read_text()) if store is not None and store.is_file() else {}
-    scores: dict[str, float] = saved.get("scores", {}) if saved.get("fingerprint") == fingerprint else {}
+    saved = _read_saved(store, "scores") if store is not None else {}
+    if saved.get("fingerprint") != fingerprint:
+        saved = {"fingerprint": fingerprint, "scores": {}, "seconds": {}}
+    scores, seconds = saved["scores"], saved.setdefault("seconds", {})
     metric = "mnll" if data.task == "regression" else "nll"
     for weight in config.kl_weights:
-        if f"{weight:g}" in scores:
+        name = repr(weight)
+        if name in scores:
             continue
         checkpoint = None
         if store is not None and config.checkpoint_every:
-            checkpoint = Checkpoint(store.with_suffix(f".kl{weight:g}.ckpt"), config.checkpoint_every, fingerprint)
+            checkpoint = Checkpoint(store.with_suffix(f".kl{name}.ckpt"), config.checkpoint_every, fingerprint)
         trained = train_split(source, spec, split, config, checkpoint, kl_weight=weight, data=part)
         f = predictive_samples(trained.model, trained.guide, part.x_test, config.samples)
         noise = trained.model.noise_scale.detach() if data.task == "regression" else None
-        scores[f"{weight:g}"] = evaluate(part, f, noise)[metric]
+        scores[name], seconds[name] = evaluate(part, f, noise)[metric], trained.seconds
         if store is not None:
-            write_atomic(store, json.dumps({"fingerprint": fingerprint, "scores": scores}, indent=2))
+            write_atomic(store, json.dumps(saved, indent=2))
             if checkpoint is not None:
                 checkpoint.path.unlink(missing_ok=True)
-    best = min(config.kl_weights, key=lambda weight: scores[f"{weight:g}"])
-    return best, {f"{weight:g}": scores[f"{weight:g}"] for weight in config.kl_weights}
+    names = [repr(weight) for weight in config.kl_weights]
+    best = min(config.kl_weights, key=lambda weight: (math.isnan(scores[repr(weight)]), scores[repr(weight)]))
+    return best, {name: scores[name] for name in names}, sum(seconds.get(name, 0.0) for name in names)
 
 
 def run_split(
@@ -204,16 +220,17 @@ def run_split(
     classification, the reliability diagram's bins (``{"reliability": [confidence, accuracy, count]}``).
 
     With several ``config.kl_weights`` the weight is chosen first (:func:`choose_kl_weight`, its scores kept in
-    ``selection_store``); the row then names it (``kl_weight``), every candidate's validation score and the
-    seconds the choice took (counted in ``train_seconds``).
+    ``selection_store``; ``checkpoint`` is then kept per chosen weight); the row names the weight (``kl_weight``),
+    every candidate's validation score and the seconds the candidates took (counted in ``train_seconds``).
     In a process group every rank trains its shard and only rank 0 evaluates (the others return ``({}, {})``).
     """
     chosen: dict[str, Any] = {}
     kl_weight = config.kl_weights[0]
     if len(config.kl_weights) > 1:
-        start = time.perf_counter()
-        kl_weight, scores = choose_kl_weight(source, spec, split, config, selection_store)
-        chosen = {"kl_weight": kl_weight, "validation_scores": scores, "selection_seconds": time.perf_counter() - start}
+        kl_weight, scores, seconds = choose_kl_weight(source, spec, split, config, selection_store)
+        chosen = {"kl_weight": kl_weight, "validation_scores": scores, "selection_seconds": seconds}
+        if checkpoint is not None:  # a run begun with another choice is not resumed with this one
+            checkpoint = replace(checkpoint, key=f"{checkpoint.key}:kl{kl_weight!r}")
     trained = train_split(source, spec, split, config, checkpoint, kl_weight=kl_weight)
     if distributed.rank() != 0:
         return {}, {}
@@ -234,9 +251,9 @@ def run_split(
     return row, extra
 
 
-def _read_saved(path: Path) -> dict[str, Any]:
-    """A stored split result, or ``{}`` if there is none; an unreadable one (empty, truncated) is named
-    in a warning and treated as missing."""
+def _read_saved(path: Path, content: str = "row") -> dict[str, Any]:
+    """A stored split result (its ``content`` a dict), or ``{}`` if there is none; an unreadable one (empty,
+    truncated) is named in a warning and treated as missing."""
     if not path.exists():
         return {}
     try:
@@ -244,10 +261,10 @@ def _read_saved(path: Path) -> dict[str, Any]:
         if not text.strip():
             raise ValueError("empty file")
         saved = json.loads(text)
-        if not isinstance(saved, dict) or not isinstance(saved.get("row"), dict):
-            raise ValueError("no result row")
+        if not isinstance(saved, dict) or not isinstance(saved.get(content), dict):
+            raise ValueError(f"no {content}")
     except (OSError, ValueError) as error:
-        warnings.warn(f"{path} is unreadable ({error}); training that split again", stacklevel=3)
+        warnings.warn(f"{path} is unreadable ({error}); training what it held again", stacklevel=3)
         return {}
     return saved
 
@@ -274,13 +291,15 @@ def run_uci(
     :param port: the rendezvous port of the processes started here (default: a free one).
     :param timeout: how long any collective may wait for the other processes.
     :param threads: torch threads of each process started here (default: the cores shared out).
-    :param check: validate ``source`` and ``out`` first (:func:`check_source`, :func:`check_writable`);
+    :param check: validate ``source`` and ``out`` first (:func:`check_source`, :func:`check_validation`,
+        :func:`check_writable`);
         ``False`` when the caller just did (``whvi uci`` reports their errors as usage errors).
     :returns: the summary rows and the markdown table (on rank 0; ``([], "")`` on the others).
     :raises OSError: before any training, if ``out`` is not a folder that can be written to.
     """
     if check:
         check_source(source, config.splits)
+        check_validation(source, config)
         check_writable(out)
     if config.nproc > 1 and distributed.world_size() == 1:
         return distributed.launch(

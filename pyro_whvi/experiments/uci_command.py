@@ -152,7 +152,7 @@ def run_uci_command(args: argparse.Namespace) -> int:
 
     from . import distributed
     from .reporting import check_writable
-    from .uci import UCIConfig, check_source, dataset_name, run_uci
+    from .uci import UCIConfig, check_source, check_validation, dataset_name, run_uci
 
     source = args.data_dir if args.data_dir is not None else (args.dataset or "diabetes")
     timeout = timedelta(seconds=args.timeout)
@@ -190,6 +190,7 @@ def run_uci_command(args: argparse.Namespace) -> int:
             val_fraction=args.val_fraction,
         )
         check_source(source, config.splits)
+        check_validation(source, config)
         check_writable(args.out)
     except (ValueError, OSError) as error:
         args.subparser.error(str(error))

@@ -130,7 +130,7 @@ class UCIConfig:
     @property
     def kl_weights(self) -> tuple[float, ...]:
         """The KL weight, or the candidates chosen from on validation (``kl_weight`` as a tuple)."""
-        return self.kl_weight if isinstance(self.kl_weight, tuple) else (self.kl_weight,)
+        return tuple(self.kl_weight) if isinstance(self.kl_weight, (tuple, list)) else (self.kl_weight,)
 
     @classmethod
     def from_preset(

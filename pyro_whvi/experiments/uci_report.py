@@ -85,7 +85,9 @@ def summary_table(name: str, summary: list[dict[str, Any]], config: UCIConfig) -
     tempered = f", KL weight {weights[0]:g} (tempered)" if weights != (1.0,) else ""
     if len(weights) > 1:
         candidates = ", ".join(f"{weight:g}" for weight in weights)
-        tempered = f", KL weight chosen from {candidates} on {config.val_fraction:.0%} of each split's training rows"
+        tempered = (
+            f", KL weight chosen from {candidates} on {config.val_fraction * 100:g}% of each split's training rows"
+        )
     lines = [
         f"### {name}: {config.layers}x{config.hidden} ReLU, {schedule.steps} steps{noise}, batch "
         f"{schedule.batch_size}, lr {schedule.lr:g}, {config.samples} test samples{targets}{tempered}; mean ± standard "
