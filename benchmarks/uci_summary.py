@@ -70,7 +70,12 @@ def load(folders: list[Path], dataset: str) -> dict:
             mark = "" if weight == 1.0 else f"{TEMPERED}{weight:g})"
         for entry in record["results"]:
             label = entry["method"] + mark
-            merged.setdefault(label, {**entry, "steps": config["schedule"]["steps"], "config": config})
+            per_split = {
+                row["split"]: row["mnll"] for row in record["meta"]["splits"] if row["method"] == entry["method"]
+            }
+            merged.setdefault(
+                label, {**entry, "steps": config["schedule"]["steps"], "config": config, "split_mnll": per_split}
+            )
     if not merged:
         raise SystemExit(f"uci_summary: no uci_{dataset}.json in {', '.join(map(str, folders))}")
     return merged
@@ -89,10 +94,24 @@ def has_floor(summary: dict) -> bool:
     return all(all(metric in row for metric in FLOOR_METRICS) for row in summary.values())
 
 
+def _on_splits(row: dict, mcd: dict) -> str | None:
+    """``""`` when ``row``'s MNLL is at or below MC dropout's over the same splits; where the two rows were run on
+    different splits, the comparison is over the splits both have, named (``" (splits 0, 1)"``); ``None`` when
+    it is above, or no split is shared. Rows without their splits' values are compared by their means."""
+    mine, theirs = row.get("split_mnll", {}), mcd.get("split_mnll", {})
+    if mine.keys() == theirs.keys() or not mine or not theirs:  # the same splits, or a row that does not say
+        return "" if row["mnll"] <= mcd["mnll"] else None
+    common = sorted(mine.keys() & theirs.keys())
+    if not common or sum(mine[k] for k in common) > sum(theirs[k] for k in common):
+        return None
+    return f" (splits {', '.join(map(str, common))})"
+
+
 def checks(dataset: str, summary: dict) -> dict:
     """Per dataset: ``rmse_ok`` (WHVI's RMSE at most the paper's Table 3 value plus one of its standard
     deviations), ``mnll_below_paper``, ``mnll_below_mfg`` (``None`` where a row is missing),
-    ``at_or_below_mcd`` (the WHVI variants whose MNLL is at or below MC dropout's) and ``at_floor`` (the
+    ``at_or_below_mcd`` (the WHVI variants whose MNLL is at or below MC dropout's, over the splits both were run
+    on, named where that is not all of them: :func:`_on_splits`) and ``at_floor`` (the
     methods within :data:`FLOOR_MNLL_GAP` of the noise floor with their noise within
     :data:`FLOOR_NOISE_TOLERANCE` of σ; ``None`` without a known floor)."""
     whvi, mfg, mcd = summary.get("whvi"), summary.get("mfg"), summary.get("mcd")
@@ -103,7 +122,13 @@ def checks(dataset: str, summary: dict) -> dict:
         "mnll_below_mfg": None if whvi is None or mfg is None else whvi["mnll"] < mfg["mnll"],
         "at_or_below_mcd": None
         if mcd is None
-        else [m for m, row in summary.items() if is_whvi_variant(m) and row["mnll"] <= mcd["mnll"]],
+        else [
+            m + note
+            for m, row in summary.items()
+            if is_whvi_variant(m)
+            for note in [_on_splits(row, mcd)]
+            if note is not None
+        ],
         "at_floor": [
             m
             for m, row in summary.items()
