@@ -107,11 +107,28 @@ def _on_splits(row: dict, mcd: dict) -> str | None:
     return f" (splits {', '.join(map(str, common))})"
 
 
+def _against_mcd_with_the_same_choice(summary: dict) -> list[str] | None:
+    """The WHVI variants with a KL weight chosen on validation rows whose MNLL is at or below that of MC dropout
+    given the same choice (``"mcd (KL from <candidates>)"``, its weight decay's weight chosen the same way), over
+    the splits both were run on (:func:`_on_splits`); ``None`` when no such pair of rows is in the table."""
+    pairs = [
+        (m, summary[f"mcd{TEMPERED}{weights}"])
+        for m in summary
+        for _, tempered, weights in [m.partition(TEMPERED)]
+        if tempered and weights.startswith("from ") and is_whvi_variant(m) and f"mcd{TEMPERED}{weights}" in summary
+    ]
+    if not pairs:
+        return None
+    return [m + note for m, mcd in pairs for note in [_on_splits(summary[m], mcd)] if note is not None]
+
+
 def checks(dataset: str, summary: dict) -> dict:
     """Per dataset: ``rmse_ok`` (WHVI's RMSE at most the paper's Table 3 value plus one of its standard
     deviations), ``mnll_below_paper``, ``mnll_below_mfg`` (``None`` where a row is missing),
     ``at_or_below_mcd`` (the WHVI variants whose MNLL is at or below MC dropout's, over the splits both were run
-    on, named where that is not all of them: :func:`_on_splits`) and ``at_floor`` (the
+    on, named where that is not all of them: :func:`_on_splits`), ``at_or_below_mcd_same_choice`` (the same for
+    a KL weight chosen on validation rows, against MC dropout given that choice:
+    :func:`_against_mcd_with_the_same_choice`) and ``at_floor`` (the
     methods within :data:`FLOOR_MNLL_GAP` of the noise floor with their noise within
     :data:`FLOOR_NOISE_TOLERANCE` of σ; ``None`` without a known floor)."""
     whvi, mfg, mcd = summary.get("whvi"), summary.get("mfg"), summary.get("mcd")
@@ -129,6 +146,7 @@ def checks(dataset: str, summary: dict) -> dict:
             for note in [_on_splits(row, mcd)]
             if note is not None
         ],
+        "at_or_below_mcd_same_choice": _against_mcd_with_the_same_choice(summary),
         "at_floor": [
             m
             for m, row in summary.items()
@@ -159,6 +177,11 @@ def verdict_line(dataset: str, verdict: dict) -> str:
         "WHVI variants with MNLL at or below MC dropout's: "
         + ("no MC dropout row" if beat_mcd is None else ", ".join(beat_mcd) or "none")
     )
+    same_choice = verdict["at_or_below_mcd_same_choice"]
+    if same_choice is not None:
+        parts.append(
+            "with the KL weight chosen on validation rows for MC dropout too: " + (", ".join(same_choice) or "none")
+        )
     return f"- {dataset}: " + "; ".join(parts)
 
 

@@ -351,6 +351,25 @@ def test_uci_summary_script_compares_with_the_paper(tmp_path):
     chosen_mnll = merged["whvi (KL from 1,0.1)"]["mnll"]
     mcd = {**row, "mnll": chosen_mnll + 1, "split_mnll": {0: chosen_mnll - 1, 1: chosen_mnll + 3}}
     assert "whvi (KL from 1,0.1)" not in " ".join(module.checks("yacht", {**merged, "mcd": mcd})["at_or_below_mcd"])
+    assert module.checks("yacht", {**merged, "mcd": mcd})["at_or_below_mcd_same_choice"] is None
+    # MC dropout given the same choice is a second reference for the chosen rows, and only for them.
+    chosen_mcd = tmp_path / "chosen_mcd"
+    run_uci(directory, replace(config, methods=("mcd",), splits=(0,), kl_weight=(1.0, 0.1)), chosen_mcd)
+    merged = module.load([chosen, chosen_mcd, tmp_path], "yacht")
+    tuned = merged["mcd (KL from 1,0.1)"]
+    assert (
+        tuned["split_mnll"].keys() == {0}
+        and "mcd (KL from 1,0.1)" not in module.checks("yacht", merged)["at_or_below_mcd_same_choice"]
+    )
+    for offset, expected in ((1.0, ["whvi (KL from 1,0.1)"]), (-1.0, []), (0.0, ["whvi (KL from 1,0.1)"])):
+        shifted = {**tuned, "mnll": chosen_mnll + offset, "split_mnll": {0: chosen_mnll + offset}}
+        verdict = module.checks("yacht", {**merged, "mcd (KL from 1,0.1)": shifted})
+        assert verdict["at_or_below_mcd_same_choice"] == expected
+    other = {k: v for k, v in merged.items() if k != "mcd (KL from 1,0.1)"}
+    assert module.checks("yacht", {**other, "mcd (KL from 1,0.3)": tuned})["at_or_below_mcd_same_choice"] is None
+    module.main(["--results", str(chosen), "--results", str(chosen_mcd), "--datasets", "yacht"])
+    text = (chosen / "uci_summary.md").read_text()
+    assert "| yacht | mcd (KL from 1,0.1) | 1 |" in text and "for MC dropout too: " in text
 
 
 def test_uci_summary_script_reports_the_noise_floor(tmp_path):
