@@ -107,19 +107,26 @@ def _on_splits(row: dict, mcd: dict) -> str | None:
     return f" (splits {', '.join(map(str, common))})"
 
 
+def _at_or_below(pairs: list[tuple[str, dict, dict]]) -> list[str]:
+    """The labels of the ``(label, row, reference)`` pairs whose row is at or below its reference
+    (:func:`_on_splits`), each with the splits compared where that is not all of them."""
+    return [
+        label + note for label, row, reference in pairs for note in [_on_splits(row, reference)] if note is not None
+    ]
+
+
 def _against_mcd_with_the_same_choice(summary: dict) -> list[str] | None:
     """The WHVI variants with a KL weight chosen on validation rows whose MNLL is at or below that of MC dropout
     given the same choice (``"mcd (KL from <candidates>)"``, its weight decay's weight chosen the same way), over
     the splits both were run on (:func:`_on_splits`); ``None`` when no such pair of rows is in the table."""
     pairs = [
-        (m, summary[f"mcd{TEMPERED}{weights}"])
-        for m in summary
+        (m, row, summary[reference])
+        for m, row in summary.items()
         for _, tempered, weights in [m.partition(TEMPERED)]
-        if tempered and weights.startswith("from ") and is_whvi_variant(m) and f"mcd{TEMPERED}{weights}" in summary
+        for reference in [f"mcd{TEMPERED}{weights}"]
+        if tempered and weights.startswith("from ") and is_whvi_variant(m) and reference in summary
     ]
-    if not pairs:
-        return None
-    return [m + note for m, mcd in pairs for note in [_on_splits(summary[m], mcd)] if note is not None]
+    return _at_or_below(pairs) if pairs else None
 
 
 def checks(dataset: str, summary: dict) -> dict:
@@ -139,13 +146,7 @@ def checks(dataset: str, summary: dict) -> dict:
         "mnll_below_mfg": None if whvi is None or mfg is None else whvi["mnll"] < mfg["mnll"],
         "at_or_below_mcd": None
         if mcd is None
-        else [
-            m + note
-            for m, row in summary.items()
-            if is_whvi_variant(m)
-            for note in [_on_splits(row, mcd)]
-            if note is not None
-        ],
+        else _at_or_below([(m, row, mcd) for m, row in summary.items() if is_whvi_variant(m)]),
         "at_or_below_mcd_same_choice": _against_mcd_with_the_same_choice(summary),
         "at_floor": [
             m
