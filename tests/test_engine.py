@@ -159,3 +159,41 @@ def test_optimize_rejects_what_it_cannot_do(tmp_path):
         optimize(objective, x, y, Schedule(2, 0, 4), checkpoint=Checkpoint(tmp_path / "c.pt"), progress=False)
     with pytest.raises(ValueError, match="Minibatches\\(len\\(x\\)"):
         optimize(objective, x, y, Schedule(2, 0, 4), sampler=Minibatches(16, 8), progress=False)
+
+
+def test_cooldown_ramps_the_decayed_rate_to_zero_and_adam_follows_it(monkeypatch):
+    """``cooldown=c`` scales the paper's decay by ``(T - t) / floor(cT)`` over the last ``floor(cT)`` steps; the
+    noise scale's group, held for ``fixed_noise_steps``, decays from when it starts but ramps on the same steps.
+    The rates Adam uses at every step are read off its parameter groups."""
+    steps, fixed, lr = 20, 4, 0.01
+    schedule = Schedule(steps, fixed, 4, lr, lr_gamma=0.1, lr_power=0.5, cooldown=0.25)
+
+    def decay(t: int) -> float:
+        return (1 + 0.1 * max(t, 0)) ** -0.5
+
+    for t in range(steps + 1):
+        ramp = min(1.0, (steps - t) / 5)
+        assert schedule.lr_factor(t) == pytest.approx(decay(t) * ramp, rel=1e-12, abs=0), t
+        assert schedule.lr_factor(t, delay=fixed) == pytest.approx(decay(t - fixed) * ramp, rel=1e-12, abs=0), t
+    assert schedule.lr_factor(steps - 1) > 0 == schedule.lr_factor(steps)  # the last update is small, not skipped
+    assert Schedule(steps).lr_factor(steps) == (1 + 5e-4 * steps) ** -0.3  # the default: the paper's, no ramp
+    for bad in (-0.1, 1.0):
+        with pytest.raises(ValueError, match="cooldown is a fraction of the steps"):
+            Schedule(steps, cooldown=bad)
+
+    used: list[list[float]] = []
+    adam_step = torch.optim.Adam.step
+
+    def recording_step(self, *args, **kwargs):
+        used.append([group["lr"] for group in self.param_groups])
+        return adam_step(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim.Adam, "step", recording_step)
+    x, y = regression_data(16)
+    pyro.set_rng_seed(0)
+    pyro.clear_param_store()
+    model = BayesianMLP([5, 6, 1])  # its noise scale is the held group
+    train(model, AutoNormal(model), x, y, schedule, progress=False)
+    expected = [[lr * schedule.lr_factor(t), lr * schedule.lr_factor(t, delay=fixed)] for t in range(steps)]
+    assert len(used) == steps
+    assert all(rates == pytest.approx(want, rel=1e-12, abs=0) for rates, want in zip(used, expected))

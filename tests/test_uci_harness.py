@@ -149,6 +149,9 @@ def test_kl_weight_tempers_the_objective_of_every_method_and_keeps_stored_result
 
     assert UCIConfig(kl_weight=1.0).fingerprint("whvi", "k") == "d1942b1a6ea48c04"
     assert UCIConfig(kl_weight=0.5).fingerprint("whvi", "k") != "d1942b1a6ea48c04"
+    # The same for the schedule's cool-down: none is the fingerprint from before it existed.
+    assert UCIConfig(schedule=Schedule(cooldown=0.0)).fingerprint("whvi", "k") == "d1942b1a6ea48c04"
+    assert UCIConfig(schedule=Schedule(cooldown=0.2)).fingerprint("whvi", "k") != "d1942b1a6ea48c04"
     with pytest.raises(ValueError, match="kl_weight > 0"):
         UCIConfig(kl_weight=0.0)
     for method in ("whvi", "mcd", "mfg"):
@@ -168,6 +171,10 @@ def test_kl_weight_tempers_the_objective_of_every_method_and_keeps_stored_result
     args = ["uci", "--dataset", "diabetes", "--methods", "whvi", "--splits", "0", "--steps", "2", "--samples", "4"]
     assert main([*args, "--hidden", "8", "--kl-weight", "0.1", "--out", str(tmp_path)]) == 0
     assert "KL weight 0.1 (tempered)" in (tmp_path / "uci_diabetes.md").read_text()
+    assert main([*args, "--hidden", "8", "--cooldown", "0.5", "--out", str(tmp_path / "cooled")]) == 0
+    assert "lr 0.001 cooled down over the last 50% of steps" in (tmp_path / "cooled" / "uci_diabetes.md").read_text()
+    stored = json.loads((tmp_path / "cooled" / "uci_diabetes.json").read_text())["meta"]["config"]["schedule"]
+    assert stored["cooldown"] == 0.5
 
 
 def test_several_kl_weights_are_chosen_on_validation_rows_then_trained_on_all(tmp_path, monkeypatch, capsys):
@@ -244,6 +251,7 @@ def test_several_kl_weights_are_chosen_on_validation_rows_then_trained_on_all(tm
     args = ["uci", "--dataset", "diabetes", "--splits", "0", "--out", str(tmp_path / "cli")]
     few = "--val-fraction) 0.001 of 398 training rows leaves 398 to train on and 0 to validate"
     for bad, message in (
+        (["--cooldown", "1"], "--cooldown: a fraction of the steps in [0, 1)"),
         (["--kl-weight", "1,-0.1"], "--kl-weight"),
         (["--kl-weight", "1,0.1", "--val-fraction", "0.001"], few),
     ):

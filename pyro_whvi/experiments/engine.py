@@ -219,7 +219,7 @@ def optimize(
         if held_parameters:
             fixed = schedule.fixed_noise_steps
             groups.append({"params": held_parameters})
-            factors.append(lambda step: schedule.lr_factor(step - fixed))
+            factors.append(lambda step: schedule.lr_factor(step, delay=fixed))
         adam = torch.optim.Adam(groups, lr=schedule.lr)
         return adam, torch.optim.lr_scheduler.LambdaLR(adam, factors)
 

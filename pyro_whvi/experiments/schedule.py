@@ -24,6 +24,11 @@ class Schedule:
     :param lr: :math:`\lambda_0`, Adam's initial learning rate.
     :param lr_gamma: :math:`\gamma` in :math:`\lambda_t = \lambda_0 (1 + \gamma t)^{-p}`.
     :param lr_power: :math:`p` (0 keeps the learning rate constant).
+    :param cooldown: the last fraction of the steps, :math:`c`, over which the decayed rate is also scaled
+        linearly down towards 0: by :math:`\min(1, (T - t) / \lfloor c T \rfloor)` at step :math:`t` of
+        :math:`T` (0, the paper's schedule: none). Adam's last updates then move the variational parameters
+        by little more than their gradient noise allows, instead of at the decayed rate the paper's schedule
+        ends on (0.375 of :math:`\lambda_0` after 50,500 steps).
     """
 
     steps: int = 20000
@@ -32,16 +37,26 @@ class Schedule:
     lr: float = 1e-3
     lr_gamma: float = 5e-4
     lr_power: float = 0.3
+    cooldown: float = 0.0
 
     def __post_init__(self) -> None:
         if self.steps < 1 or self.fixed_noise_steps < 0 or (self.batch_size is not None and self.batch_size < 1):
             raise ValueError(f"Schedule: steps >= 1, fixed_noise_steps >= 0 and batch_size >= 1 expected, got {self}.")
         if self.lr <= 0 or self.lr_gamma < 0 or self.lr_power < 0:
             raise ValueError(f"Schedule: lr > 0, lr_gamma >= 0 and lr_power >= 0 expected, got {self}.")
+        if not 0.0 <= self.cooldown < 1.0:
+            raise ValueError(
+                f"Schedule: cooldown is a fraction of the steps in [0, 1) (0: none), got {self.cooldown!r}."
+            )
 
-    def lr_factor(self, step: int) -> float:
-        r""":math:`(1 + \gamma t)^{-p}` at step ``t`` (negative steps: 1)."""
-        return (1.0 + self.lr_gamma * max(step, 0)) ** -self.lr_power
+    def lr_factor(self, step: int, delay: int = 0) -> float:
+        r"""The learning rate at step ``t`` over :math:`\lambda_0`: :math:`(1 + \gamma (t - \text{delay}))^{-p}`
+        (1 before ``delay``, where a parameter group starts late), times the cool-down's ramp at ``t``."""
+        factor = (1.0 + self.lr_gamma * max(step - delay, 0)) ** -self.lr_power
+        length = int(self.cooldown * self.steps)
+        if length and step > self.steps - length:
+            factor *= max(self.steps - step, 0) / length
+        return factor
 
 
 class Minibatches:

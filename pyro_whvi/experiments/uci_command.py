@@ -74,6 +74,13 @@ def add_uci_command(commands) -> None:
     uci.add_argument("--batch-size", type=positive, default=schedule.batch_size, help="minibatch size (default 64)")
     uci.add_argument("--lr", type=positive_float, help="Adam's initial learning rate (default: the preset's)")
     uci.add_argument(
+        "--cooldown",
+        type=float,
+        default=schedule.cooldown,
+        help="last fraction of the steps over which the learning rate is also scaled linearly down towards 0, "
+        "e.g. 0.2 (default 0: none, the paper's schedule)",
+    )
+    uci.add_argument(
         "--preset",
         choices=tuple(UCI_PRESETS),
         default="table3",
@@ -163,6 +170,8 @@ def run_uci_command(args: argparse.Namespace) -> int:
             distributed.check_port(args.master_port)
         if args.threads and args.threads > (os.cpu_count() or 1):
             raise ValueError(f"--threads: at most {os.cpu_count()} (the cores here) expected, got {args.threads}")
+        if not 0 <= args.cooldown < 1:
+            raise ValueError(f"--cooldown: a fraction of the steps in [0, 1) expected (0: none), got {args.cooldown}")
         if args.dropout >= 1:
             raise ValueError(f"--dropout must be below 1, got {args.dropout}")
         # The folder's own name (no file system call: a bad path is check_source's to report).
@@ -175,6 +184,7 @@ def run_uci_command(args: argparse.Namespace) -> int:
             lr=args.lr,
             fixed_noise_steps=args.fixed_noise_steps,
             batch_size=args.batch_size,
+            cooldown=args.cooldown,
             methods=args.methods,
             splits=args.splits,
             samples=max(2, args.samples),

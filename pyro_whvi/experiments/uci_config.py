@@ -60,6 +60,12 @@ _NOT_FINGERPRINTED = ("methods", "splits", "checkpoint_every", "progress")
 # Settings added after results were stored, with the value every earlier run had: at that value they stay out of
 # the fingerprint, so that those results remain valid.
 _LATER_SETTINGS = {"standardize_targets": True, "kl_weight": 1.0}
+_LATER_SCHEDULE_SETTINGS = {"cooldown": 0.0}
+
+
+def _at_default(name: str, value: object, schedule: bool = False) -> bool:
+    later = _LATER_SCHEDULE_SETTINGS if schedule else _LATER_SETTINGS
+    return name in later and value == later[name]
 
 
 @dataclass(frozen=True)
@@ -144,6 +150,7 @@ class UCIConfig:
         lr: float | None = None,
         fixed_noise_steps: int = Schedule.fixed_noise_steps,
         batch_size: int | None = Schedule.batch_size,
+        cooldown: float = Schedule.cooldown,
         **fields,
     ) -> UCIConfig:
         """The settings of ``whvi uci --preset preset`` on ``dataset`` (a folder or bundled set's name):
@@ -151,7 +158,11 @@ class UCIConfig:
         other field of :class:`UCIConfig` as a keyword."""
         protocol = preset_settings(preset, dataset, layers=layers, hidden=hidden, steps=steps, lr=lr)
         schedule = Schedule(
-            steps=protocol["steps"], fixed_noise_steps=fixed_noise_steps, batch_size=batch_size, lr=protocol["lr"]
+            steps=protocol["steps"],
+            fixed_noise_steps=fixed_noise_steps,
+            batch_size=batch_size,
+            lr=protocol["lr"],
+            cooldown=cooldown,
         )
         return cls(schedule=schedule, hidden=protocol["hidden"], layers=protocol["layers"], **fields)
 
@@ -161,11 +172,8 @@ class UCIConfig:
         settings = asdict(self)
         if len(self.kl_weights) == 1:  # read only when choosing among several
             del settings["val_fraction"]
-        settings = {
-            k: v
-            for k, v in settings.items()
-            if k not in _NOT_FINGERPRINTED and not (k in _LATER_SETTINGS and v == _LATER_SETTINGS[k])
-        }
+        settings = {k: v for k, v in settings.items() if k not in _NOT_FINGERPRINTED and not _at_default(k, v)}
+        settings["schedule"] = {k: v for k, v in settings["schedule"].items() if not _at_default(k, v, schedule=True)}
         version = {"version": _VERSIONS.get(method, 1), "engine": ENGINE_VERSION}
         text = json.dumps(
             {"method": method, **settings, **version, "data": data},

@@ -188,7 +188,7 @@ class GPflowSVGP(GPRegressor):
                 rows = batch.numpy()
                 batch_x, batch_y = tf.constant(x_all[rows]), tf.constant(y_all[rows])
             lr, noise_lr = (
-                tf.constant(schedule.lr * schedule.lr_factor(t), tf.float32) for t in (index, index - fixed)
+                tf.constant(schedule.lr * schedule.lr_factor(index, delay), tf.float32) for delay in (0, fixed)
             )
             loss = step(batch_x, batch_y, index >= fixed, lr, noise_lr)
             losses.append(float(loss.numpy()))
