@@ -63,9 +63,9 @@ _LATER_SETTINGS = {"standardize_targets": True, "kl_weight": 1.0}
 _LATER_SCHEDULE_SETTINGS = {"cooldown": 0.0}
 
 
-def _at_default(name: str, value: object, schedule: bool = False) -> bool:
-    later = _LATER_SCHEDULE_SETTINGS if schedule else _LATER_SETTINGS
-    return name in later and value == later[name]
+def _without_later_defaults(settings: dict, later: dict) -> dict:
+    """``settings`` without the entries of ``later`` that are at their old value."""
+    return {k: v for k, v in settings.items() if not (k in later and v == later[k])}
 
 
 @dataclass(frozen=True)
@@ -172,8 +172,9 @@ class UCIConfig:
         settings = asdict(self)
         if len(self.kl_weights) == 1:  # read only when choosing among several
             del settings["val_fraction"]
-        settings = {k: v for k, v in settings.items() if k not in _NOT_FINGERPRINTED and not _at_default(k, v)}
-        settings["schedule"] = {k: v for k, v in settings["schedule"].items() if not _at_default(k, v, schedule=True)}
+        settings = {k: v for k, v in settings.items() if k not in _NOT_FINGERPRINTED}
+        settings = _without_later_defaults(settings, _LATER_SETTINGS)
+        settings["schedule"] = _without_later_defaults(settings["schedule"], _LATER_SCHEDULE_SETTINGS)
         version = {"version": _VERSIONS.get(method, 1), "engine": ENGINE_VERSION}
         text = json.dumps(
             {"method": method, **settings, **version, "data": data},
