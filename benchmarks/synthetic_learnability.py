@@ -143,8 +143,10 @@ def exact_gp(args: argparse.Namespace, x: torch.Tensor, y: torch.Tensor, x_test:
             model.eval()
             with torch.no_grad():
                 predictive = likelihood(model(x_test))
-            if float(loss) < best[0]:  # the negative marginal likelihood at the last step
-                best = (float(loss), (predictive.mean, predictive.variance.sqrt(), float(likelihood.noise.sqrt())))
+            final_loss = float(loss.detach())  # the negative marginal likelihood at the last step
+            if final_loss < best[0]:
+                noise_std = float(likelihood.noise.detach().sqrt())
+                best = (final_loss, (predictive.mean, predictive.variance.sqrt(), noise_std))
     return best[1]
 
 
@@ -179,6 +181,32 @@ def run_split(args: argparse.Namespace, split: int, sigma: float) -> list[dict]:
     return rows
 
 
+def write_results(args: argparse.Namespace, sigma: float, rows: list[dict]) -> str:
+    """The per-split rows and a summary per learner as ``<out>/<set>.{json,csv,md}``; returns the summary table."""
+    metrics = ("rmse_over_sigma", "mnll_minus_floor", "noise_over_sigma", "seconds")
+    summary = summarize_by(rows, ("learner",), metrics)
+    lines = [
+        "| learner | splits | MNLL - floor | RMSE / sigma | noise / sigma | s a split |",
+        "|---|---|---|---|---|---|",
+    ]
+    for entry in summary:
+        lines.append(
+            f"| {entry['learner']} | {entry['runs']}"
+            f" | {entry['mnll_minus_floor']:.3f} ± {entry['mnll_minus_floor_se']:.3f}"
+            f" | {entry['rmse_over_sigma']:.3f} | {entry['noise_over_sigma']:.3f} | {entry['seconds']:.0f} |"
+        )
+    text = "\n".join(lines)
+    meta = environment(
+        data_dir=str(args.data_dir),
+        sigma=sigma,
+        summary=summary,
+        **{k: v for k, v in vars(args).items() if k not in ("data_dir", "out", "splits")},
+        splits=sorted({row["split"] for row in rows}),
+    )
+    save_tables(args.out, dataset_name(args.data_dir), meta, rows, text)
+    return text
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data-dir", required=True, help="a `whvi synthetic` folder (with noise_std.txt)")
@@ -205,29 +233,11 @@ def main(argv: list[str] | None = None) -> int:
     if sigma is None:
         parser.error(f"--data-dir {args.data_dir}: no noise_std.txt; write the set with `whvi synthetic`")
     torch.set_num_threads(args.threads)
-    rows = [row for split in tqdm(args.splits, desc="splits") for row in run_split(args, split, sigma)]
-    metrics = ("rmse_over_sigma", "mnll_minus_floor", "noise_over_sigma", "seconds")
-    summary = summarize_by(rows, ("learner",), metrics)
-    lines = [
-        "| learner | splits | MNLL - floor | RMSE / sigma | noise / sigma | s a split |",
-        "|---|---|---|---|---|---|",
-    ]
-    for entry in summary:
-        lines.append(
-            f"| {entry['learner']} | {entry['runs']}"
-            f" | {entry['mnll_minus_floor']:.3f} ± {entry['mnll_minus_floor_se']:.3f}"
-            f" | {entry['rmse_over_sigma']:.3f} | {entry['noise_over_sigma']:.3f} | {entry['seconds']:.0f} |"
-        )
-    text = "\n".join(lines)
+    rows: list[dict] = []
+    for split in tqdm(args.splits, desc="splits"):
+        rows += run_split(args, split, sigma)
+        text = write_results(args, sigma, rows)  # after every split: a stopped run keeps the splits it finished
     print(text)
-    meta = environment(
-        data_dir=str(args.data_dir),
-        sigma=sigma,
-        summary=summary,
-        **{k: v for k, v in vars(args).items() if k not in ("data_dir", "out", "splits")},
-        splits=list(args.splits),
-    )
-    save_tables(args.out, dataset_name(args.data_dir), meta, rows, text)
     return 0
 
 

@@ -56,3 +56,21 @@ def test_a_folder_without_its_noise_level_is_refused_with_the_fix(tmp_path, lear
         learnability.main(["--data-dir", str(tmp_path / "plain"), "--out", str(tmp_path / "out")])
     error = capsys.readouterr().err
     assert "--data-dir" in error and "noise_std.txt" in error and "whvi synthetic" in error
+
+
+def test_a_stopped_run_keeps_the_splits_it_finished(tmp_path, learnability, monkeypatch):
+    write_noisy_set("hartmann6", tmp_path / "h6", num_points=300, splits=2)
+    finish_split = learnability.run_split
+
+    def stop_at_split_1(args, split, sigma):
+        if split == 1:
+            raise KeyboardInterrupt
+        return finish_split(args, split, sigma)
+
+    monkeypatch.setattr(learnability, "run_split", stop_at_split_1)
+    argv = ["--data-dir", str(tmp_path / "h6"), "--splits", "0-1", "--learners", "quadratic,additive"]
+    with pytest.raises(KeyboardInterrupt):
+        learnability.main([*argv, "--out", str(tmp_path / "out")])
+    result = json.loads((tmp_path / "out" / "h6.json").read_text())
+    assert {(row["learner"], row["split"]) for row in result["results"]} == {("quadratic", 0), ("additive", 0)}
+    assert result["meta"]["splits"] == [0]
