@@ -2,7 +2,8 @@
 layers of ``pyro_whvi.nn`` (eager and ``torch.compile``), and plain PyTorch, in one run.
 
 The network is two hidden layers of width D on D inputs with one output, for D = 2^7 ... 2^12, on one
-fixed batch (default 64 rows) of float32 inputs, on the CPU. A step is one ELBO sample (or loss),
+fixed batch (default 64 rows) of float32 inputs, on the CPU or (``--device cuda``) the first CUDA GPU: the
+networks, the guides' parameters and the batch live there. A step is one ELBO sample (or loss),
 forward, backward and an Adam update (``torch.optim.Adam``, its defaults, in every case):
 
 * ``plain``: ``nn.Sequential(Linear, ReLU, Linear, ReLU, Linear)`` with a Gaussian likelihood and a
@@ -23,11 +24,14 @@ Each case takes a set-up step and 3 warm-up steps first (compilation happens the
 ``torch.utils.benchmark`` blocked runs using all of torch's threads (or ``--threads``), the best of 3
 interleaved rounds (2 with ``--quick``), so that every case sees the same machine state. Also reported:
 the number of variational parameters of the two guides and of the layers. Results go to ``--out`` as
-JSON, CSV, a markdown table and a plot of time vs D. Other processes on the cores slow multi-threaded
-steps badly; try ``--threads 1``.
+JSON, CSV, a markdown table and a plot of time vs D (``svi_step*``; on CUDA ``svi_step_cuda*``). Other
+processes on the cores slow multi-threaded steps badly; try ``--threads 1``. On CUDA the timer synchronizes
+the device around each timed block, and the SVI steps include Pyro's own host sync (``svi.step`` returns a
+float).
 
-    python benchmarks/svi_step.py --quick      # D up to 2^10
-    python benchmarks/svi_step.py              # full sweep
+    python benchmarks/svi_step.py --quick                  # D up to 2^10
+    python benchmarks/svi_step.py                          # full sweep
+    python benchmarks/svi_step.py --device cuda            # on the GPU (Triton kernels), D up to 2^12
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ from torch.utils import benchmark
 from tqdm import tqdm
 
 from pyro_whvi import AutoWHVIGuide, ops
+from pyro_whvi.experiments.arguments import check_device
 from pyro_whvi.nn import BayesianMLP, bayesian_, kl_divergence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -72,16 +77,17 @@ def _adam() -> PyroOptim:
     return PyroOptim(torch.optim.Adam, {"lr": 1e-3})  # what pyro.optim.Adam is, without the dynamic attribute
 
 
-def _network(size: int) -> nn.Sequential:
-    return nn.Sequential(nn.Linear(size, size), nn.ReLU(), nn.Linear(size, size), nn.ReLU(), nn.Linear(size, 1))
+def _network(size: int, device: torch.device) -> nn.Sequential:
+    layers = (nn.Linear(size, size), nn.ReLU(), nn.Linear(size, size), nn.ReLU(), nn.Linear(size, 1))
+    return nn.Sequential(*layers).to(device)
 
 
 def _torch_step(case: str, size: int, x: torch.Tensor, y: torch.Tensor) -> tuple[Callable[[], Any], int]:
     """A plain-PyTorch training step (``plain*`` or ``layers*``) and its number of parameters."""
-    network = _network(size)
+    network = _network(size, x.device)
     if case.startswith("layers"):
         bayesian_(network, "whvi", mean_field_last_layer=True)
-    log_noise = nn.Parameter(torch.zeros(()))
+    log_noise = nn.Parameter(torch.zeros((), device=x.device))
     parameters = [*network.parameters(), log_noise]
     optimizer = torch.optim.Adam(parameters, lr=1e-3)
     bayesian = case.startswith("layers")
@@ -110,7 +116,7 @@ def _torch_step(case: str, size: int, x: torch.Tensor, y: torch.Tensor) -> tuple
 
 def _svi_step(case: str, size: int, x: torch.Tensor, y: torch.Tensor) -> tuple[Callable[[], Any], StateDict, int]:
     """A set-up and warmed-up SVI step for one guide, its param-store scope and its parameter count."""
-    model = BayesianMLP([size, size, size, 1])
+    model = BayesianMLP([size, size, size, 1]).to(x.device)  # its priors follow; the guide's params go there
     with pyro.get_param_store().scope() as state:
         guide: AutoNormal | AutoWHVIGuide
         guide = AutoWHVIGuide(model) if case == "whvi" else AutoNormal(model)
@@ -137,14 +143,17 @@ def _time(step: Callable[[], Any], state: StateDict | None, min_run_time: float)
         return float(timer.blocked_autorange(min_run_time=min_run_time).median)
 
 
-def measure(sizes: list[int], batch: int, min_run_time: float, rounds: int, label: str) -> list[dict[str, Any]]:
-    """One row per D; each D's cases run in ``rounds`` interleaved rounds and the fastest median is kept."""
+def measure(
+    sizes: list[int], batch: int, min_run_time: float, rounds: int, label: str, device: str = "cpu"
+) -> list[dict[str, Any]]:
+    """One row per D; each D's cases run in ``rounds`` interleaved rounds and the fastest median is kept.
+    The batch is drawn on the CPU (the same numbers on every device) and moved to ``device``."""
     generator = torch.Generator().manual_seed(0)
     rows = []
     with tqdm(total=len(sizes) * rounds * len(CASES), desc=f"timing ({label})", unit="case") as progress:
         for size in sizes:
-            x = torch.randn(batch, size, generator=generator, dtype=torch.float32)
-            y = torch.randn(batch, generator=generator, dtype=torch.float32)
+            x = torch.randn(batch, size, generator=generator, dtype=torch.float32).to(device)
+            y = torch.randn(batch, generator=generator, dtype=torch.float32).to(device)
             pyro.set_rng_seed(0)
             cases = {case: _setup(case, size, x, y) for case in CASES}
             best = dict.fromkeys(CASES, math.inf)
@@ -163,9 +172,14 @@ def measure(sizes: list[int], batch: int, min_run_time: float, rounds: int, labe
     return rows
 
 
-def markdown(rows: list[dict[str, Any]], batch: int, threads: int) -> str:
+def _where(device: str, threads: int) -> str:
+    """The device in words: ``CPU, 2 threads`` or the GPU's name."""
+    return f"CPU, {threads} threads" if device == "cpu" else torch.cuda.get_device_name()
+
+
+def markdown(rows: list[dict[str, Any]], batch: int, threads: int, device: str = "cpu") -> str:
     lines = [
-        f"\n### One training step of a [D, D, D, 1] Bayesian MLP, batch {batch}, fp32, {threads} threads "
+        f"\n### One training step of a [D, D, D, 1] Bayesian MLP, batch {batch}, fp32, {_where(device, threads)} "
         "(ms per step; in brackets: over plain PyTorch)\n",
         "| D | " + " | ".join(CASES.values()) + " | params AutoNormal / AutoWHVIGuide / layers |",
         "|---|" + "---|" * (len(CASES) + 1),
@@ -180,7 +194,7 @@ def markdown(rows: list[dict[str, Any]], batch: int, threads: int) -> str:
     return "\n".join(lines)
 
 
-def plot(rows: list[dict[str, Any]], batch: int, threads: int, path: Path) -> bool:
+def plot(rows: list[dict[str, Any]], batch: int, threads: int, path: Path, device: str = "cpu") -> bool:
     try:
         import matplotlib
 
@@ -193,7 +207,8 @@ def plot(rows: list[dict[str, Any]], batch: int, threads: int, path: Path) -> bo
     for case, label in CASES.items():
         ax.plot(sizes, [r[f"{case}_ms_per_step"] for r in rows], marker="o", label=label)
     ax.set_ylabel("time per training step [ms]")
-    style_log_axes(ax, "D (hidden width)", f"[D, D, D, 1] Bayesian MLP, batch {batch} (fp32, CPU, {threads} threads)")
+    title = f"[D, D, D, 1] Bayesian MLP, batch {batch} (fp32, {_where(device, threads)})"
+    style_log_axes(ax, "D (hidden width)", title)
     return save_figure(fig, path)
 
 
@@ -206,7 +221,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--min-run-time", type=float, default=None, help="seconds per timing (default 1, quick 0.2)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own choice)")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"), help="output folder")
+    parser.add_argument(
+        "--device", choices=("cpu", "cuda"), default="cpu", help="where the networks and the batch live (default cpu)"
+    )
     args = parser.parse_args(argv)
+    try:
+        check_device(args.device)
+    except ValueError as error:
+        parser.error(str(error))
     if args.batch < 1:
         parser.error("--batch must be positive")
     max_log2 = args.max_log2_d if args.max_log2_d is not None else (10 if args.quick else 12)
@@ -227,15 +249,16 @@ def main(argv: list[str] | None = None) -> int:
     # recompilations per function would end the sweep with a hard error under fullgraph=True.
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 4 * len(sizes))
     try:
-        rows = measure(sizes, args.batch, min_run_time, rounds, "quick" if args.quick else "full")
+        rows = measure(sizes, args.batch, min_run_time, rounds, "quick" if args.quick else "full", args.device)
     finally:
         torch.set_default_dtype(previous_dtype)
         torch.set_num_threads(previous_threads)
-    text = markdown(rows, args.batch, threads)
+    text = markdown(rows, args.batch, threads, args.device)
     print(text)
 
-    stem = "svi_step_quick" if args.quick else "svi_step"
+    stem = "svi_step" + ("_cuda" if args.device == "cuda" else "") + ("_quick" if args.quick else "")
     meta = environment(
+        device=_where(args.device, threads),
         pyro=pyro.__version__,
         whvi_backend=backend,
         threads=threads,
@@ -245,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
         validation=False,
     )
     save_tables(args.out, stem, meta, rows, text)
-    report_saved(args.out, stem, plot(rows, args.batch, threads, args.out / f"{stem}.png"))
+    report_saved(args.out, stem, plot(rows, args.batch, threads, args.out / f"{stem}.png", args.device))
     return 0
 
 

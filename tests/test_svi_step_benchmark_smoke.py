@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from .helpers import ROOT, run_python
 
@@ -14,13 +15,14 @@ SCRIPT = ROOT / "benchmarks" / "svi_step.py"
 @pytest.mark.slow
 def test_svi_step_benchmark_quick(tmp_path):
     argv = [str(SCRIPT), "--quick", "--max-log2-d", "8", "--batch", "8", "--rounds", "1", "--min-run-time", "0.01"]
-    argv += ["--threads", "1", "--out", str(tmp_path)]
+    argv += ["--threads", "1", "--device", "cpu", "--out", str(tmp_path)]  # --device cpu: the default, explicit
     result = run_python(f"import runpy, sys; sys.argv = {argv!r}; runpy.run_path(sys.argv[0], run_name='__main__')")
     assert result.returncode == 0, result.stderr[-3000:]
     for suffix in ("json", "csv", "md", "png"):
         assert (tmp_path / f"svi_step_quick.{suffix}").is_file(), suffix
     data = json.loads((tmp_path / "svi_step_quick.json").read_text())
     assert data["meta"]["validation"] is False and data["meta"]["threads"] == 1
+    assert data["meta"]["device"] == "CPU, 1 threads"
     rows = {row["D"]: row for row in data["results"]}
     assert sorted(rows) == [128, 256]
     for size, row in rows.items():
@@ -35,3 +37,12 @@ def test_svi_step_benchmark_quick(tmp_path):
         # The layers: the guide's WHVI and mean-field parameters, plus the learned noise scale (a point estimate).
         assert row["layers_params"] == row["whvi_params"] + 1
     assert "| D | plain PyTorch | plain PyTorch, compiled |" in (tmp_path / "svi_step_quick.md").read_text()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error of a machine without CUDA")
+def test_svi_step_benchmark_device_cuda_without_cuda_is_a_clear_error(tmp_path):
+    argv = [str(SCRIPT), "--device", "cuda", "--out", str(tmp_path)]
+    result = run_python(f"import runpy, sys; sys.argv = {argv!r}; runpy.run_path(sys.argv[0], run_name='__main__')")
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert "error: --device cuda: PyTorch sees no CUDA GPU here" in result.stderr and "--device cpu" in result.stderr
+    assert not list(tmp_path.iterdir())

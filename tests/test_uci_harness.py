@@ -458,3 +458,46 @@ def test_presets_are_whole_protocols(tmp_path):
     assert main([*args, "--samples", "4", "--out", str(wide)]) == 0
     assert "2x1024 ReLU, 3 steps" in (wide / "uci_diabetes.md").read_text()
     assert "lr 0.003" in (wide / "uci_diabetes.md").read_text()
+
+
+def test_device_flag_cpu_is_the_default_bit_for_bit_and_keeps_stored_results_valid(tmp_path):
+    """``--device cpu`` (issue 52) trains exactly what the default does; at ``"cpu"`` the device stays out of the
+    fingerprint (the hash from before the setting existed), so stored CPU results are read back; a CUDA run has
+    its own; CUDA trains in one process."""
+    from pyro_whvi.experiments.cli import main
+
+    assert UCIConfig(device="cpu").fingerprint("whvi", "k") == "d1942b1a6ea48c04"
+    assert UCIConfig(device="cuda").fingerprint("whvi", "k") != "d1942b1a6ea48c04"
+    with pytest.raises(ValueError, match="device must be one of cpu, cuda"):
+        UCIConfig(device="tpu")
+    with pytest.raises(ValueError, match="trains in one process"):
+        UCIConfig(device="cuda", nproc=2)
+    args = ["uci", "--dataset", "diabetes", "--methods", "whvi,mfg", "--splits", "0", "--steps", "5", "--samples", "4"]
+    args += ["--hidden", "8"]
+    assert main([*args, "--out", str(tmp_path / "default")]) == 0
+    assert main([*args, "--device", "cpu", "--out", str(tmp_path / "cpu")]) == 0
+    for method in ("whvi", "mfg"):
+        default, cpu = (
+            json.loads((tmp_path / run / "runs" / "diabetes" / method / "split0.json").read_text())
+            for run in ("default", "cpu")
+        )
+        assert default["fingerprint"] == cpu["fingerprint"]
+        drop = ("train_seconds",)
+        assert {k: v for k, v in default["row"].items() if k not in drop} == {
+            k: v for k, v in cpu["row"].items() if k not in drop
+        }
+    assert "trained on" not in (tmp_path / "cpu" / "uci_diabetes.md").read_text()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error of a machine without CUDA")
+def test_device_cuda_without_cuda_is_a_one_line_error(tmp_path):
+    code = (
+        "import sys; from pyro_whvi.experiments.cli import main; "
+        f"sys.exit(main(['uci', '--device', 'cuda', '--steps', '2', '--out', {str(tmp_path)!r}]))"
+    )
+    result = run_python(code)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert "whvi uci: error: --device cuda: PyTorch sees no CUDA GPU here" in result.stderr
+    assert "--device cpu" in result.stderr and not (tmp_path / "runs").exists()
+    with pytest.raises(ValueError, match="device cuda: PyTorch sees no CUDA GPU"):
+        run_uci("diabetes", UCIConfig(device="cuda", splits=(0,), progress=False), tmp_path)

@@ -6,7 +6,7 @@ import argparse
 import math
 from typing import NoReturn
 
-__all__ = ["OneLineErrorParser", "choices", "nonnegative", "positive", "positive_float"]
+__all__ = ["OneLineErrorParser", "check_device", "choices", "nonnegative", "positive", "positive_float"]
 
 
 class OneLineErrorParser(argparse.ArgumentParser):
@@ -47,3 +47,23 @@ def choices(text: str, names: tuple[str, ...], flag: str) -> tuple[str, ...]:
     if unknown or not chosen:
         raise argparse.ArgumentTypeError(f"{flag}: choose from {','.join(names)}, got {text!r}")
     return chosen
+
+
+def check_device(device: str, flag: str = "--device") -> str:
+    """``device`` (``"cpu"`` or ``"cuda"``) if this process can use it.
+
+    :raises ValueError: one line naming ``flag`` and the fix, when ``device`` is ``"cuda"`` and PyTorch sees no
+        CUDA GPU (a CPU-only build, no driver, or ``CUDA_VISIBLE_DEVICES`` hiding every GPU).
+    """
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"{flag}: choose from cpu,cuda, got {device!r}")
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError(
+                f"{flag} cuda: PyTorch sees no CUDA GPU here (torch.cuda.is_available() is False; torch "
+                f"{torch.__version__}, built for CUDA {torch.version.cuda or 'none'}); run with {flag} cpu (the "
+                "default), or on a machine with an NVIDIA GPU and a CUDA build of PyTorch"
+            )
+    return device

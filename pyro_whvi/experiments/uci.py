@@ -34,11 +34,13 @@ from pathlib import Path
 from typing import Any
 
 import pyro
+import torch
 import torch.distributed as dist
 from tqdm.auto import tqdm
 
 from ..metrics import reliability_diagram
 from . import distributed
+from .arguments import check_device
 from .engine import Checkpoint
 from .methods import MethodSpec, build_method, fit, parse_method, predictive_samples
 from .noisy_sets import NOISE_FILE, noise_floor, read_noise_std
@@ -128,6 +130,7 @@ def train_split(
         flows=config.flows,
         reflections=config.reflections,
     )
+    model.to(config.device)  # its priors follow (the guide's parameters are made on the model's device)
     start = time.perf_counter()
     label = f"{dataset_name(source)} {spec.name} split {split}"
     if len(config.kl_weights) > 1:
@@ -136,8 +139,8 @@ def train_split(
         spec,
         model,
         guide,
-        data.x_train,
-        data.y_train,
+        data.x_train.to(config.device),
+        data.y_train.to(config.device),
         config.schedule,
         seed=config.seed + split,
         progress=label if config.progress else False,
@@ -145,6 +148,16 @@ def train_split(
         kl_weight=kl_weight,
     )
     return TrainedSplit(data, model, guide, losses, time.perf_counter() - start)
+
+
+def _predict(
+    trained: TrainedSplit, x_test: torch.Tensor, config: UCIConfig
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Predictive samples of ``f`` on ``x_test`` and the learned noise scale (regression), on the CPU for the
+    metrics, whatever ``config.device`` trained on."""
+    f = predictive_samples(trained.model, trained.guide, x_test.to(config.device), config.samples).cpu()
+    regression = trained.data.task == "regression"
+    return f, trained.model.noise_scale.detach().cpu() if regression else None
 
 
 def validation_part(data: UCIData, fraction: float, seed: int) -> UCIData:
@@ -196,8 +209,7 @@ def choose_kl_weight(
         if store is not None and config.checkpoint_every:
             checkpoint = Checkpoint(store.with_suffix(f".kl{name}.ckpt"), config.checkpoint_every, fingerprint)
         trained = train_split(source, spec, split, config, checkpoint, kl_weight=weight, data=part)
-        f = predictive_samples(trained.model, trained.guide, part.x_test, config.samples)
-        noise = trained.model.noise_scale.detach() if data.task == "regression" else None
+        f, noise = _predict(trained, part.x_test, config)
         scores[name], seconds[name] = evaluate(part, f, noise)[metric], trained.seconds
         if store is not None:
             write_atomic(store, json.dumps(saved, indent=2))
@@ -234,10 +246,9 @@ def run_split(
     trained = train_split(source, spec, split, config, checkpoint, kl_weight=kl_weight)
     if distributed.rank() != 0:
         return {}, {}
-    data, model, guide, losses = trained.data, trained.model, trained.guide, trained.losses
+    data, guide, losses = trained.data, trained.guide, trained.losses
     regression = data.task == "regression"
-    f = predictive_samples(model, guide, data.x_test, config.samples)
-    noise = model.noise_scale.detach() if regression else None
+    f, noise = _predict(trained, data.x_test, config)
     extra = {} if regression else {"reliability": [t.tolist() for t in reliability_diagram(f, data.y_test)]}
     row = {
         "method": spec.name,
@@ -291,13 +302,14 @@ def run_uci(
     :param port: the rendezvous port of the processes started here (default: a free one).
     :param timeout: how long any collective may wait for the other processes.
     :param threads: torch threads of each process started here (default: the cores shared out).
-    :param check: validate ``source`` and ``out`` first (:func:`check_source`, :func:`check_validation`,
-        :func:`check_writable`);
+    :param check: validate ``config.device``, ``source`` and ``out`` first (:func:`check_source`,
+        :func:`check_validation`, :func:`check_writable`);
         ``False`` when the caller just did (``whvi uci`` reports their errors as usage errors).
     :returns: the summary rows and the markdown table (on rank 0; ``([], "")`` on the others).
     :raises OSError: before any training, if ``out`` is not a folder that can be written to.
     """
     if check:
+        check_device(config.device, "device")
         check_source(source, config.splits)
         check_validation(source, config)
         check_writable(out)

@@ -8,7 +8,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from .arguments import nonnegative, positive, positive_float
+from .arguments import check_device, nonnegative, positive, positive_float
 
 __all__ = ["add_uci_command", "run_uci_command"]
 
@@ -42,7 +42,7 @@ def _kl_weights(text: str) -> float | tuple[float, ...]:
 def add_uci_command(commands) -> None:
     from .methods import BASE_METHODS, Schedule
     from .uci import BUNDLED_DATASETS, UCIConfig
-    from .uci_config import UCI_PRESETS
+    from .uci_config import DEVICES, UCI_PRESETS
 
     uci = commands.add_parser(
         "uci",
@@ -124,6 +124,13 @@ def add_uci_command(commands) -> None:
     uci.add_argument("--reflections", type=nonnegative, default=defaults.reflections, help="VSD's Householder T")
     uci.add_argument("--seed", type=nonnegative, default=defaults.seed)
     uci.add_argument("--threads", type=positive, help="torch threads per process (default: torch's choice)")
+    uci.add_argument(
+        "--device",
+        choices=DEVICES,
+        default=defaults.device,
+        help="where the model, data and training go (default cpu); cuda: the first CUDA GPU, one process (the "
+        "predictions and metrics come back to the CPU). A CUDA run does not reuse a CPU run's stored splits",
+    )
     uci.add_argument("--out", type=Path, default=Path("whvi_uci"), help="output folder (default ./whvi_uci)")
     parallel = uci.add_argument_group(
         "data-parallel training",
@@ -168,6 +175,9 @@ def run_uci_command(args: argparse.Namespace) -> int:
             args.nproc = distributed.world_size()
         elif args.master_port is not None:
             distributed.check_port(args.master_port)
+        check_device(args.device)
+        if args.device != "cpu" and args.nproc > 1:
+            raise ValueError(f"--device {args.device} trains in one process: drop --nproc {args.nproc} (or use cpu)")
         if args.threads and args.threads > (os.cpu_count() or 1):
             raise ValueError(f"--threads: at most {os.cpu_count()} (the cores here) expected, got {args.threads}")
         if not 0 <= args.cooldown < 1:
@@ -198,6 +208,7 @@ def run_uci_command(args: argparse.Namespace) -> int:
             standardize_targets=not args.raw_targets,
             kl_weight=args.kl_weight,
             val_fraction=args.val_fraction,
+            device=args.device,
         )
         check_source(source, config.splits)
         check_validation(source, config)

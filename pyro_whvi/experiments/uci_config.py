@@ -10,7 +10,10 @@ from dataclasses import asdict, dataclass, field
 from .methods import Schedule, parse_method
 from .schedule import shard_size
 
-__all__ = ["ENGINE_VERSION", "UCI_PRESETS", "UCIConfig", "preset_settings"]
+__all__ = ["DEVICES", "ENGINE_VERSION", "UCI_PRESETS", "UCIConfig", "preset_settings"]
+
+#: Where ``whvi uci --device`` trains.
+DEVICES = ("cpu", "cuda")
 
 #: The protocols of ``whvi uci``: the network and the schedule's length and learning rate (the rest of the
 #: schedule is the WHVI paper's App. D.1 for all: batch 64, noise fixed for the first 500 steps, the decay
@@ -59,7 +62,7 @@ ENGINE_VERSION = 2
 _NOT_FINGERPRINTED = ("methods", "splits", "checkpoint_every", "progress")
 # Settings added after results were stored, with the value every earlier run had: at that value they stay out of
 # the fingerprint, so that those results remain valid.
-_LATER_SETTINGS = {"standardize_targets": True, "kl_weight": 1.0}
+_LATER_SETTINGS = {"standardize_targets": True, "kl_weight": 1.0, "device": "cpu"}
 _LATER_SCHEDULE_SETTINGS = {"cooldown": 0.0}
 
 
@@ -86,6 +89,12 @@ class UCIConfig:
     keeps the weight with the best validation MNLL (NLL for classification; ties: the first) and trains on all
     its training rows with it, as the VSD paper chooses its temperature by cross-validation (§4, App. I.2).
     ``val_fraction`` is read only then; the choice needs ``nproc`` 1.
+
+    ``device``: where the model, the data and the training go (``"cpu"``, the default, or ``"cuda"``);
+    predictions and metrics come back to the CPU. It enters the fingerprint only when it is not ``"cpu"``
+    (CUDA draws other random numbers and sums in another order, so a CUDA run does not reuse a CPU run's
+    stored splits, nor the reverse), so results stored before the setting existed stay valid. ``"cuda"``
+    trains in one process (``nproc`` 1).
     """
 
     methods: tuple[str, ...] = ("mfg", "mcd", "whvi")
@@ -105,6 +114,7 @@ class UCIConfig:
     val_fraction: float = 0.2
     checkpoint_every: int = 1000
     progress: bool = True
+    device: str = "cpu"
 
     def __post_init__(self) -> None:
         for method in self.methods:
@@ -125,6 +135,13 @@ class UCIConfig:
         if len(self.kl_weights) > 1 and self.nproc > 1:
             raise ValueError(
                 "UCIConfig: choosing among several KL weights runs in one process; give nproc 1, or one kl_weight."
+            )
+        if self.device not in DEVICES:
+            raise ValueError(f"UCIConfig: device must be one of {', '.join(DEVICES)}, got {self.device!r}.")
+        if self.device != "cpu" and self.nproc > 1:
+            raise ValueError(
+                f"UCIConfig: device {self.device!r} trains in one process (nproc 1); data-parallel training runs on "
+                "CPU processes (gloo)."
             )
         if self.nproc < 1 or self.checkpoint_every < 0:
             raise ValueError("UCIConfig: nproc >= 1 and checkpoint_every >= 0 (0: no checkpoints) expected.")

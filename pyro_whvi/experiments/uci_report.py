@@ -89,10 +89,11 @@ def summary_table(name: str, summary: list[dict[str, Any]], config: UCIConfig) -
             f", KL weight chosen from {candidates} on {config.val_fraction * 100:g}% of each split's training rows"
         )
     cooldown = f" cooled down over the last {schedule.cooldown * 100:g}% of steps" if schedule.cooldown else ""
+    device = f", trained on {config.device}" if config.device != "cpu" else ""
     lines = [
         f"### {name}: {config.layers}x{config.hidden} ReLU, {schedule.steps} steps{noise}, batch "
-        f"{schedule.batch_size}, lr {schedule.lr:g}{cooldown}, {config.samples} test samples{targets}{tempered}; "
-        "mean ± standard error over splits",
+        f"{schedule.batch_size}, lr {schedule.lr:g}{cooldown}, {config.samples} test samples{targets}{tempered}"
+        f"{device}; mean ± standard error over splits",
         "",
         "| method | splits | variational params | "
         + " | ".join(FLOOR_LABELS.get(m, f"test {m.upper()}") for m in metrics)
