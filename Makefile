@@ -11,7 +11,7 @@ TORCH_SPEC ?= torch==2.13.0
 PYTEST_WORKERS ?= 2
 BIN := $(VENV)/bin
 
-.PHONY: demo test quick install install-dev build-kernels lint bench docs clean
+.PHONY: demo test quick install install-dev build-kernels lint bench docs clean gpu-wheels gpu-rehearse
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -63,6 +63,19 @@ docs: $(BIN)/python
 	rm -rf docs/_build docs/api/generated
 	$(BIN)/sphinx-build -W --keep-going -n -q -b html docs docs/_build/html
 	$(BIN)/python docs/check_links.py docs/_build/html
+
+# The wheels that benchmarks/gpu_check.sh carries to the GPU machine (Python 3.12, no pyro-ppl, no network): pyro-ppl
+# and pyro-api, pure Python, into the git-ignored .whl/ (carry it: benchmarks/GPU.md). The machine has the rest.
+GPU_WHEELS ?= .whl
+gpu-wheels: $(BIN)/python
+	$(BIN)/python -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+		--platform manylinux2014_x86_64 -d $(GPU_WHEELS) pyro-ppl==1.9.2 pyro-api==0.1.2
+	ls $(GPU_WHEELS)
+
+# benchmarks/gpu_check.sh rehearsed on the CPU (no GPU needed), with the wheels it would carry; output in
+# /tmp/gpu_check_rehearsal.
+gpu-rehearse: gpu-wheels build-kernels
+	PYTHON=$(abspath $(BIN)/python) benchmarks/gpu_check.sh --rehearse
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache docs/_build docs/api/generated
