@@ -250,7 +250,7 @@ def test_gpytorchs_elbos_equal_the_closed_form(posterior, covariance):
     likelihood = gpytorch.likelihoods.GaussianLikelihood().double()
     likelihood.noise = 0.3
     num_data = 100
-    mean, root = model.mean_and_root(x)
+    mean, root = model.variational_strategy.mean_and_root(x)
     variance, noise = root.pow(2).sum(-1), likelihood.noise.detach()
     kl = model.variational_strategy.kl_divergence()
     expected = -0.5 * torch.log(2 * math.pi * noise) - ((y - mean).pow(2) + variance) / (2 * noise)
@@ -272,7 +272,7 @@ def test_gpytorchs_elbos_equal_the_closed_form(posterior, covariance):
 def test_train_and_eval_mode_give_the_same_root_operator_distribution(posterior, covariance):
     x = torch.randn(12, 3, dtype=torch.float64)
     model = _float64_model(posterior, covariance)
-    mean, root = model.mean_and_root(x)
+    mean, root = model.variational_strategy.mean_and_root(x)
     for training in (True, False):
         model.train(training)
         with torch.no_grad():
@@ -290,7 +290,7 @@ def test_likelihood_predictive_variance_is_root_row_norms_plus_noise(posterior, 
     likelihood = gpytorch.likelihoods.GaussianLikelihood().double().eval()
     likelihood.noise = 0.05
     with torch.no_grad():
-        mean, root = model.mean_and_root(x)
+        mean, root = model.variational_strategy.mean_and_root(x)
         expected = root.pow(2).sum(-1) + likelihood.noise
         for fast in (False, True):
             with gpytorch.settings.fast_pred_var(fast):

@@ -12,8 +12,8 @@ from pyro.infer.autoguide import AutoNormal
 
 from pyro_whvi import AutoVSDGuide, AutoWHVIGuide, iblm_
 from pyro_whvi.infer._guide_utils import deep_getattr
+from pyro_whvi.testing import StructuredGuideTestCase
 
-from .guide_conformance import StructuredGuideTestCase
 from .helpers import GUIDES, VSD_OPTIONS
 
 WHVI = frozenset({"whvi_s1", "whvi_s2", "locs", "scales"})

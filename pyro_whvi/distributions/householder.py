@@ -23,7 +23,7 @@ from pyro.distributions.transforms.householder import ConditionedHouseholder
 from torch import Tensor
 from torch.distributions import constraints
 
-__all__ = ["StructuredDropoutNoise", "householder_product", "householder_variance"]
+__all__ = ["StructuredDropoutNoise", "fit_vsd_alpha", "householder_product", "householder_variance"]
 
 
 def householder_product(vectors: Tensor) -> Tensor:
@@ -115,3 +115,22 @@ class StructuredDropoutNoise(dist.TransformedDistribution):
         raise NotImplementedError(
             "StructuredDropoutNoise has no batch dimensions; draw several with sample((N,)) instead."
         )
+
+
+def _nonnegative_solve(matrix: Tensor, target: Tensor, iterations: int = 500) -> Tensor:
+    """``x >= 0`` minimizing ``|matrix x - target|`` for a non-negative ``matrix`` (multiplicative updates)."""
+    x = target.clone()
+    gram, rhs = matrix.T @ matrix, matrix.T @ target
+    for _ in range(iterations):
+        x = x * rhs / (gram @ x).clamp_min(1e-30)
+    return x.clamp_min(1e-12 * target.max())
+
+
+def fit_vsd_alpha(site, mean: Tensor, precision: Tensor, householder_matrix: Tensor) -> Tensor:
+    r""":math:`\alpha` of a VSD site (a :class:`~pyro_whvi.infer.vsd.VSDSite`) whose :math:`\Theta` is ``mean``,
+    for a Gaussian with the diagonal precision ``precision``; ``householder_matrix`` is the site's ``U``. See the module
+    docstring."""
+    grouped = (precision * mean.pow(2)).movedim(site.noise_dim, 0).reshape(site.num_noise, -1)
+    target = site.num_columns / grouped.sum(-1).clamp_min(1e-30)
+    target = target.clamp(1e-6, 1e2)
+    return _nonnegative_solve(householder_matrix.detach().pow(2), target)

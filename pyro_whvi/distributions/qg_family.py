@@ -41,6 +41,7 @@ import torch
 from pyro.distributions import constraints
 from torch import Tensor
 
+from .conventions import GP_CONVENTION, NETWORK_CONVENTION, WHVIConvention
 from .planar import PlanarFlowNormal
 
 __all__ = [
@@ -51,6 +52,8 @@ __all__ = [
     "QG_FIELDS",
     "GaussianQG",
     "WHVIConvention",
+    "cholesky_with_jitter",
+    "diagonal_normal_kl",
 ]
 
 COVARIANCES = ("diagonal", "full", "lowrank")
@@ -202,8 +205,15 @@ class GaussianQG:
     def kl_divergence(self, prior_variance: float) -> Tensor:
         r""":math:`\mathrm{KL}(q \,\|\, \mathcal N(0, \lambda I))`, summed over every block, in closed form:
         :math:`\tfrac12 (\operatorname{tr}\Sigma / \lambda + \lVert\mu\rVert^2 / \lambda - L + L \log\lambda
-        - \log\lvert\Sigma\rvert)`, ``L = loc.numel()``.
+        - \log\lvert\Sigma\rvert)`, ``L = loc.numel()``; for ``"diagonal"`` the same sum taken entry by entry
+        (:func:`diagonal_normal_kl`).
+
+        This is the package's one closed form of the q(g) KL: the network layers, the GP posteriors and
+        the tests all come here.
         """
+        if self.kind == "diagonal":
+            assert self.scale is not None
+            return diagonal_normal_kl(self.loc, self.scale, math.sqrt(prior_variance))
         latent = self.loc.numel()
         trace = self._trace() / prior_variance
         mahalanobis = self.loc.pow(2).sum() / prior_variance
@@ -235,47 +245,29 @@ class GaussianQG:
         return log_det
 
 
-@dataclass(frozen=True)
-class WHVIConvention:
-    r"""Where the prior scale of ``W = S1 H diag(g) H S2`` sits: in ``lambda`` or in ``S1``, ``S2``.
+def diagonal_normal_kl(loc: Tensor, scale: Tensor, prior_scale: float | Tensor) -> Tensor:
+    r""":math:`\sum_i \mathrm{KL}(\mathcal N(\mu_i, \sigma_i^2) \,\|\, \mathcal N(0, \sigma_p^2))`
+    :math:`= \tfrac12 \sum_i (r_i + \mu_i^2 / \sigma_p^2 - 1 - \log r_i)`, :math:`r_i = \sigma_i^2 / \sigma_p^2`.
 
-    :param prior_variance: the default :math:`\lambda`; ``None`` means ``D`` (the block size).
-    :param scale_exponent: ``s = lambda ** scale_exponent`` for the initial ``S1``, ``S2``.
-    :param random_signs: ``S2`` starts with random signs (FASTFOOD's ``B``).
-
-    References:
-        WHVI paper (Rossi et al., NeurIPS 2020), §2.2, App. D.1 (networks), App. D.4 (GPs).
+    The diagonal kind's KL (:meth:`GaussianQG.kl_divergence`), and that of every mean-field Normal in the
+    package (the layers' biases and mean-field weights). Written with the operations of
+    ``torch.distributions.kl_divergence(Normal, Normal)``, so seeded fits that used it reproduce bitwise.
     """
-
-    prior_variance: float | None
-    scale_exponent: float
-    random_signs: bool
-
-    def resolve_prior_variance(self, block_size: int, prior_variance: float | None = None) -> float:
-        """``prior_variance`` if given, else this convention's default for blocks of ``block_size``."""
-        if prior_variance is not None:
-            return prior_variance
-        return float(block_size) if self.prior_variance is None else self.prior_variance
-
-    def weight_variance(self, block_size: int, prior_variance: float | None = None) -> float:
-        r"""The prior variance of each entry of ``W`` at the initial ``S1``, ``S2``: :math:`s^4 \lambda / D`."""
-        lam = self.resolve_prior_variance(block_size, prior_variance)
-        return lam ** (4 * self.scale_exponent) * lam / block_size
-
-    def init_scales(self, block_shape: Sequence[int], prior_variance: float, like: Tensor) -> tuple[Tensor, Tensor]:
-        """The initial ``(s1, s2)``, each of shape ``block_shape`` with ``like``'s dtype and device."""
-        magnitude = float(prior_variance) ** self.scale_exponent
-        s1 = like.new_full(tuple(block_shape), magnitude)
-        if not self.random_signs:
-            return s1, like.new_full(tuple(block_shape), magnitude)
-        signs = torch.randint(0, 2, tuple(block_shape), device=like.device).to(like.dtype) * 2 - 1
-        return s1, magnitude * signs
+    prior_scale = torch.as_tensor(prior_scale, dtype=loc.dtype, device=loc.device)
+    variance_ratio = (scale / prior_scale).pow(2)
+    mahalanobis = (loc / prior_scale).pow(2)
+    return (0.5 * (variance_ratio + mahalanobis - 1 - variance_ratio.log())).sum()
 
 
-#: Networks (:class:`~pyro_whvi.AutoWHVIGuide`, :class:`~pyro_whvi.infer.WHVIReparam`): ``lambda = 1``,
-#: ``s = lambda^{-1/4}`` with random signs on ``S2``; weight variance ``1/D`` whatever ``lambda``.
-NETWORK_CONVENTION = WHVIConvention(prior_variance=1.0, scale_exponent=-0.25, random_signs=True)
-
-#: Random-feature GPs (:class:`~pyro_whvi.gp.WHVIWeightPosterior`): ``lambda = D``, ``s = 1``;
-#: weight variance ``lambda / D = 1``, the GP prior ``w ~ N(0, I)``.
-GP_CONVENTION = WHVIConvention(prior_variance=None, scale_exponent=0.0, random_signs=False)
+def cholesky_with_jitter(matrix: Tensor, what: str) -> Tensor:
+    """Lower Cholesky factor, adding jitter (up to 1e-2 of the mean diagonal) when ``matrix`` is singular."""
+    factor, info = torch.linalg.cholesky_ex(matrix)
+    if not info.any():
+        return factor
+    scale = matrix.diagonal(dim1=-2, dim2=-1).abs().mean(-1, keepdim=True).clamp_min(1e-12)
+    eye = torch.eye(matrix.shape[-1], dtype=matrix.dtype, device=matrix.device)
+    for exponent in range(-10, -1):
+        factor, info = torch.linalg.cholesky_ex(matrix + (10.0**exponent * scale).unsqueeze(-1) * eye)
+        if not info.any():
+            return factor
+    raise ValueError(f"{what}: the matrix is not positive definite even with jitter (NaN or Inf in the inputs?).")

@@ -203,7 +203,7 @@ class RandomFeatureRegressor(TorchGPRegressor):
         # GPyTorch's path (the distribution, the likelihood's noise operator, the ELBO's prior and added-loss
         # walks) adds about 0.1 ms to every step: +8-16% on the RF-WHVI steps of benchmarks/gp_speed.py
         # (D = 8 and 32, batch 256, float32, one thread).
-        mean, root = self.model.mean_and_root(x)
+        mean, root = self.model.variational_strategy.mean_and_root(x)
         noise = self.likelihood.noise
         expected = -0.5 * torch.log(2 * math.pi * noise) - ((y - mean).pow(2) + root.pow(2).sum(-1)) / (2 * noise)
         return self.model.variational_strategy.kl_divergence() / num_data - expected.mean()

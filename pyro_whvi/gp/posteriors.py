@@ -49,8 +49,10 @@ class WeightPosterior(_VariationalDistribution, ABC):
     r"""``q(z) = N(mu, C C^T)`` with ``C`` diagonal or lower-triangular, prior ``N(0, lambda I)``.
 
     GPyTorch's variational distribution over the ``L`` inducing variables ``z`` (:meth:`forward` is
-    ``q(z)``); the model's predictive uses :meth:`mean_and_root_of_design` instead, which hands the
-    root ``C`` over without building the ``L x L`` covariance.
+    ``q(z)``); the strategy's predictive
+    (:meth:`~pyro_whvi.gp.variational_strategy.RandomFeatureVariationalStrategy.mean_and_root`) reads
+    its mean ``loc`` and its root ``C`` (:attr:`scale` or :attr:`scale_tril`) instead, without building
+    the ``L x L`` covariance.
 
     :param latent_dim: ``L``.
     :param covariance: ``"diagonal"`` (mean-field) or ``"full"`` (Cholesky factor).
@@ -117,17 +119,6 @@ class WeightPosterior(_VariationalDistribution, ABC):
         self.raw_scale.copy_(softplus_inverse(torch.full_like(self.raw_scale, self.init_scale)))
         if self.covariance == "full":
             self.scale_tril_offdiag.zero_()
-
-    def mean_and_root(self, features: Tensor) -> tuple[Tensor, Tensor]:
-        """Predictive mean ``(..., N)`` and covariance root ``(..., N, L)`` of ``f`` at these features."""
-        return self.mean_and_root_of_design(self.design(features))
-
-    def mean_and_root_of_design(self, design: Tensor) -> tuple[Tensor, Tensor]:
-        """:meth:`mean_and_root` from the design ``Psi`` ``(..., N, L)``."""
-        mean = design @ self.loc
-        if self.covariance == "diagonal":
-            return mean, design * self.scale
-        return mean, design @ self.scale_tril
 
     def qg(self) -> GaussianQG:
         """``q(z)`` as the family's :class:`GaussianQG` (differentiable in this module's parameters)."""

@@ -28,6 +28,8 @@ References:
 
 from __future__ import annotations
 
+import warnings
+
 import gpytorch
 import torch
 from gpytorch.distributions import MultivariateNormal
@@ -127,11 +129,13 @@ class RandomFeatureGP(gpytorch.models.ApproximateGP):
         return MultivariateNormal(strategy.prior_mean(x, torch.zeros_like(root[..., 0])), root_covariance(root))
 
     def mean_and_root(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        """Mean ``(..., N)`` and covariance root ``(..., N, R)`` of ``q(f)`` at inputs ``(..., N, d)``.
-
-        For WHVI the design is computed from the feature angles by
-        :func:`~pyro_whvi.gp.fourier_design.whvi_fourier_design` (one compiled backward pass instead of three).
-        """
+        """Deprecated: ``model.variational_strategy.mean_and_root(x)``, the one place that maps ``q`` to ``q(f)``."""
+        warnings.warn(
+            "RandomFeatureGP.mean_and_root is deprecated; call model.variational_strategy.mean_and_root(x) "
+            "(it will be removed in the next release).",
+            DeprecationWarning,
+            stacklevel=2,
+        )
         return self.variational_strategy.mean_and_root(x)
 
     @torch.no_grad()

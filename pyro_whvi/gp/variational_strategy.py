@@ -22,11 +22,12 @@ References:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import gpytorch
 import torch
 from gpytorch.distributions import MultivariateNormal
+from gpytorch.models import ApproximateGP
 from gpytorch.variational import _VariationalStrategy
 from linear_operator.operators import (
     ConstantDiagLinearOperator,
@@ -39,9 +40,6 @@ from torch import Tensor
 from .fourier_design import whvi_fourier_design
 from .posteriors import WeightPosterior, WHVIWeightPosterior
 
-if TYPE_CHECKING:
-    from .random_feature_gp import RandomFeatureGP
-
 __all__ = ["RandomFeatureVariationalStrategy", "root_covariance"]
 
 
@@ -53,8 +51,9 @@ def root_covariance(root: Tensor) -> RootLinearOperator:
 class RandomFeatureVariationalStrategy(_VariationalStrategy):
     r"""``q(f(x))`` of ``f = Psi(x) z`` from the weight posterior ``q(z)``; the KL is ``KL(q(z) || p(z))``.
 
-    :param model: the :class:`~pyro_whvi.gp.RandomFeatureGP` (its ``covar_module`` gives the features,
-        its ``mean_module`` the prior mean).
+    :param model: the approximate GP it serves (a :class:`~pyro_whvi.gp.RandomFeatureGP`): its
+        ``covar_module``, a :class:`~pyro_whvi.gp.RandomFeatureKernel`, gives the features and its
+        ``mean_module`` the prior mean. The strategy reads no more of it, and imports nothing of the model.
     :param variational_distribution: ``q(z)`` with prior ``N(0, lambda I)``: ``z = w`` with ``lambda = 1``,
         or WHVI's ``g``.
 
@@ -66,7 +65,7 @@ class RandomFeatureVariationalStrategy(_VariationalStrategy):
         WHVI paper (Rossi et al., NeurIPS 2020), App. D.4.
     """
 
-    def __init__(self, model: RandomFeatureGP, variational_distribution: WeightPosterior):
+    def __init__(self, model: ApproximateGP, variational_distribution: WeightPosterior):
         latent = variational_distribution.loc
         no_locations = torch.empty(variational_distribution.latent_dim, 0, dtype=latent.dtype, device=latent.device)
         super().__init__(model, no_locations, variational_distribution, learn_inducing_locations=False)
@@ -108,7 +107,9 @@ class RandomFeatureVariationalStrategy(_VariationalStrategy):
 
     def mean_and_root(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """Mean ``(..., N)`` and covariance root ``(..., N, R)`` of ``q(f)`` at inputs ``(..., N, d)``."""
-        mean, root = self.weight_posterior.mean_and_root_of_design(self.design(x))
+        design, posterior = self.design(x), self.weight_posterior
+        mean = design @ posterior.loc
+        root = design * posterior.scale if posterior.covariance == "diagonal" else design @ posterior.scale_tril
         return self.prior_mean(x, mean), root
 
     def forward(

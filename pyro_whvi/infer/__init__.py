@@ -2,11 +2,13 @@
 
 from .annealing import KLAnnealing
 from .autoguide import AutoWHVIGuide
-from .lazy_weight import LazyWeight, VSDWeight, WHVIWeight, example_seeds, local_reparameterization
+from .lazy_weight import LazyWeight, example_seeds, local_reparameterization
 from .model_transform import ModelModule, ModelTransform, remove_transform
 from .reparam import WHVIReparam, g_site_name
 from .vsd import EmpiricalBayesPrior, VSDPosterior, z_site_name
 from .vsd_guide import AutoVSDGuide, HouseholderVectors
+from .vsd_weight import VSDWeight
+from .whvi_weight import WHVIWeight
 
 __all__ = [
     "AutoVSDGuide",

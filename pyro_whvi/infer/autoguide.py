@@ -34,6 +34,7 @@ from torch import nn
 
 from ..distributions import WHVILayout, WHVIMatrix, WHVINormal
 from ..distributions.qg_family import COVARIANCES, NETWORK_CONVENTION, QG_CONSTRAINTS, QG_FIELDS, GaussianQG
+from ..distributions.whvi_projection import fit_whvi_site
 from ._base import StructuredAutoGuide
 from ._guide_utils import (
     assign_param_,
@@ -280,8 +281,7 @@ class AutoWHVIGuide(StructuredAutoGuide):
 
     def _set_structured_gaussian_(self, site, mean, precision, data_precision, data_rhs, what) -> None:
         """``s1``, ``s2`` from projecting ``mean`` onto the WHVI form, ``q(g)`` the posterior of the likelihood
-        part under ``g``'s prior (:func:`~pyro_whvi.init.assign.fit_whvi_site`)."""
-        from ..init.assign import fit_whvi_site  # pyro_whvi.init builds on this package
+        part under ``g``'s prior (:func:`~pyro_whvi.distributions.whvi_projection.fit_whvi_site`)."""
 
         s1, s2 = deep_getattr(self.whvi_s1, site).detach(), deep_getattr(self.whvi_s2, site).detach()
         layout, like = self._sites[site], self.qg(site)

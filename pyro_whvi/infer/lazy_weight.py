@@ -14,9 +14,9 @@ sequence), and an image of a convolution's batch. Any other op (``W.t()``, ``x @
 ``F.embedding``, indexing) sees the dense weight of the site's single draw, shared by every
 example: a warning says so, and with ``strict=True`` it is an error.
 
-WHVI: the reparameterized model hands layers a :class:`WHVIWeight` instead of a dense tensor. Passed to
-``F.linear`` or ``F.conv2d`` it computes the product through the fused WHVI op with an independent
-draw of ``g`` for every example (WHVI paper §2.3, eq. 6), :math:`O(K D \log D)` per example and no
+WHVI: the reparameterized model hands layers a :class:`~pyro_whvi.infer.whvi_weight.WHVIWeight` instead of a
+dense tensor. Passed to ``F.linear`` or ``F.conv2d`` it computes the product through the fused WHVI op with
+an independent draw of ``g`` for every example (WHVI paper §2.3, eq. 6), :math:`O(K D \log D)` per example and no
 :math:`D \times D` matrix. Any other use (indexing, ``W.t()``, arithmetic, printing the values)
 gets the dense weight of the site's own draw of ``g``, formed once and cached.
 
@@ -30,44 +30,40 @@ seeded by the ``i``-th seed and the site's name, so that it does not depend on w
 share the batch or the process: a batch split across data-parallel ranks draws exactly what one process
 drawing the whole batch would (:mod:`pyro_whvi.experiments.engine` uses it for world-size-independent runs).
 
-VSD: :class:`VSDWeight` is ``diag(xi) Theta`` (noise on the inputs of a linear layer, on the output
-channels of a convolution); ``F.linear`` multiplies the inputs by a fresh ``xi`` per example,
+VSD: :class:`~pyro_whvi.infer.vsd_weight.VSDWeight` is ``diag(xi) Theta`` (noise on the inputs of a linear
+layer, on the output channels of a convolution); ``F.linear`` multiplies the inputs by a fresh ``xi`` per example,
 ``F.conv1d``/``conv2d``/``conv3d`` the output channels (VSD paper §3.4, App. B): dropout-style, the
 noisy weight is never formed.
 """
 
 from __future__ import annotations
 
-import contextlib
 import warnings
-import zlib
-from collections.abc import Iterator, Sequence
-from contextvars import ContextVar
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..distributions import WHVIMatrix
-from ..distributions.householder import StructuredDropoutNoise
-from ..ops.shapes import stacked_whvi_conv2d
+from .._moved import moved_names
+from .draw_scope import (
+    active_example_seeds,
+    along_examples,
+    check_example_dim,
+    example_seeds,
+    local_reparameterization,
+    local_reparameterization_enabled,
+    seeded_draws,
+)
 
+# The draw-scope helpers are re-exported here, where they were defined until the module was split.
 __all__ = [
     "LazyWeight",
-    "VSDWeight",
-    "WHVIWeight",
     "along_examples",
+    "check_example_dim",
     "example_seeds",
     "local_reparameterization",
     "local_reparameterization_enabled",
-    "scale_along",
 ]
-
-# The innermost local_reparameterization(...) block of this thread or task, if any.
-_LOCAL_OVERRIDE: ContextVar[bool | None] = ContextVar("pyro_whvi_local_reparameterization", default=None)
-
-# The seeds of the examples of the innermost example_seeds(...) block, if any.
-_EXAMPLE_SEEDS: ContextVar[tuple[int, ...] | None] = ContextVar("pyro_whvi_example_seeds", default=None)
 
 _METADATA = {
     Tensor.size,
@@ -87,67 +83,6 @@ _REQUIRES_GRAD = Tensor.requires_grad.__get__  # type: ignore[attr-defined]
 
 # Ops that move or copy a value without computing with it: they get the site's draw quietly.
 _COPIES = {torch.stack, torch.cat, Tensor.detach, Tensor.clone, Tensor.to, Tensor.cpu, Tensor.contiguous, Tensor.numpy}
-
-
-@contextlib.contextmanager
-def local_reparameterization(enabled: bool) -> Iterator[None]:
-    """Force local reparameterization on or off for lazy weights created inside the block.
-
-    The setting is a :class:`contextvars.ContextVar`: it holds for this thread (or asyncio task) only.
-    """
-    token = _LOCAL_OVERRIDE.set(bool(enabled))
-    try:
-        yield
-    finally:
-        _LOCAL_OVERRIDE.reset(token)
-
-
-def local_reparameterization_enabled(default: bool) -> bool:
-    """The setting in force: the innermost :func:`local_reparameterization` block, else ``default``."""
-    override = _LOCAL_OVERRIDE.get()
-    return default if override is None else override
-
-
-@contextlib.contextmanager
-def example_seeds(seeds: Sequence[int]) -> Iterator[None]:
-    """Draw the per-example noise of lazy weights created inside the block from one seed per example.
-
-    Example ``i`` of every ``F.linear``/``F.conv*d`` gets the noise that a generator seeded with
-    ``seeds[i]`` and the site's name draws for one example, whatever the batch and the process, and the
-    global random stream is left as it was. Slower than one batched draw (one draw per example); meant
-    for runs that must not depend on how a batch is split (data-parallel equivalence, reproducibility).
-
-    :param seeds: one non-negative integer per example, in the order of the examples.
-    """
-    values = tuple(int(seed) for seed in seeds)
-    if any(seed < 0 for seed in values):
-        raise ValueError("example_seeds: non-negative integer seeds expected.")
-    token = _EXAMPLE_SEEDS.set(values)
-    try:
-        yield
-    finally:
-        _EXAMPLE_SEEDS.reset(token)
-
-
-def _seeded_draws(draw, seeds: tuple[int, ...], site: str, device: torch.device) -> Tensor:
-    """``draw(1)`` once per seed, each from the generator state ``seed`` and ``site`` give, concatenated."""
-    key = zlib.crc32(site.encode())
-    draws = []
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        for seed in seeds:
-            torch.manual_seed((seed * 2_654_435_761 + key) % 2**63)
-            draws.append(draw(1))
-    return torch.cat(draws)
-
-
-def check_example_dim(example_dim, owner: str) -> int:
-    """``example_dim`` as an int >= 0, or a ``ValueError`` naming ``owner``."""
-    if isinstance(example_dim, bool) or not isinstance(example_dim, int) or example_dim < 0:
-        raise ValueError(
-            f"{owner}: example_dim must be an int >= 0 (the input dimension that indexes examples: 0 for (B, ..., D) "
-            f"batches, 1 for sequence-first (T, B, D)), got {example_dim!r}."
-        )
-    return example_dim
 
 
 class LazyWeight(Tensor):
@@ -191,7 +126,7 @@ class LazyWeight(Tensor):
     def example_noise(self, count: int) -> Tensor:
         """The noise of ``count`` examples: drawn on the first use in this model execution, then reused."""
         if self._example_noise is None:
-            seeds = _EXAMPLE_SEEDS.get()
+            seeds = active_example_seeds()
             if seeds is None:
                 self._example_noise = self.draw_examples(count)
             elif len(seeds) != count:
@@ -200,7 +135,7 @@ class LazyWeight(Tensor):
                     "pass one seed per example."
                 )
             else:
-                self._example_noise = _seeded_draws(self.draw_examples, seeds, self.site or "", self.device)
+                self._example_noise = seeded_draws(self.draw_examples, seeds, self.site or "", self.device)
         elif self._example_noise.shape[0] != count:
             raise ValueError(
                 f"{self._label()}: this model execution drew noise for {self._example_noise.shape[0]} examples and "
@@ -280,159 +215,6 @@ class LazyWeight(Tensor):
         )
 
 
-class WHVIWeight(LazyWeight):
-    """The value of a WHVI weight site: ``distribution`` (``q(W)``) and the site's draw ``g``.
-
-    :param distribution: the :class:`~pyro_whvi.distributions.WHVIMatrix` the weight follows.
-    :param g: the site's draw of ``g``, ``(K, D)``; the dense weight is ``distribution.weight(g)``.
-    :param local: whether ``F.linear``/``F.conv2d`` draw ``g`` per example (see the module docstring).
-    :param example_dim: the input dimension of ``F.linear`` that indexes examples.
-    :param strict: make other ops on the weight an error instead of a warning.
-    :param site: the site's name, for messages.
-
-    References:
-        WHVI paper (Rossi et al., NeurIPS 2020), §2.3 (eq. 6) and §3.3 (convolutions as products).
-    """
-
-    distribution: WHVIMatrix
-    g: Tensor
-
-    @staticmethod
-    def __new__(cls, distribution: WHVIMatrix, g: Tensor, local: bool = True, **kwargs):
-        return LazyWeight._wrap(cls, distribution.layout.shape, g)
-
-    def __init__(
-        self,
-        distribution: WHVIMatrix,
-        g: Tensor,
-        local: bool = True,
-        *,
-        example_dim: int = 0,
-        strict: bool = False,
-        site: str | None = None,
-    ):
-        self.distribution = distribution
-        self.g = g
-        self._init_lazy(local, (g, distribution.s1, distribution.s2), example_dim, strict, site)
-
-    def dense_weight(self) -> Tensor:
-        return self.distribution.weight(self.g)
-
-    def draw_examples(self, count: int) -> Tensor:
-        g_dist = self.distribution.g_dist
-        # Per-example draws never need their density: a flow's rsample would cache one for each
-        # (seeded draws make one call per example) and push the site's own draw out of its cache.
-        with_log_prob = getattr(g_dist, "rsample_with_log_prob", None)
-        return with_log_prob((count,))[0] if with_log_prob is not None else g_dist.rsample((count,))
-
-    def __repr__(self, *, tensor_contents=None):
-        layout = self.distribution.layout
-        return (
-            f"WHVIWeight(shape={tuple(layout.shape)}, blocks={tuple(layout.block_shape)}, "
-            f"local_reparameterization={self.local})"
-        )
-
-    def local_linear(self, input):
-        if self.distribution.layout.kind != "matrix" or input.dim() < 2 or self.example_dim > input.dim() - 2:
-            return None
-        g = self.example_noise(input.shape[self.example_dim])  # (B, K, D)
-        if input.dim() > 2 or self.example_dim:
-            g = along_examples(g, self.example_dim, input.dim() - 1).expand(*input.shape[:-1], *g.shape[1:])
-        return self.distribution.matvec(input, g)
-
-    def local_conv(self, conv, images, stride, padding, dilation, groups):
-        distribution = self.distribution
-        if conv is not F.conv2d or groups != 1 or isinstance(padding, str) or distribution.layout.kind != "matrix":
-            return None
-        g = self.example_noise(images.shape[0])  # one draw per image: (N, K, D)
-        return stacked_whvi_conv2d(images, distribution.s1, g, distribution.s2, self.shape, stride, padding, dilation)
-
-
-def scale_along(theta: Tensor, xi: Tensor, noise_dim: int) -> Tensor:
-    r""":math:`\operatorname{diag}(\xi) \Theta` along axis ``noise_dim`` of ``theta``; ``xi`` is ``(..., K)``.
-
-    Leading dimensions of ``xi`` (independent draws) become leading dimensions of the result.
-    """
-    shape = xi.shape[:-1] + (1,) * noise_dim + xi.shape[-1:] + (1,) * (theta.dim() - 1 - noise_dim)
-    return xi.reshape(shape) * theta
-
-
-class VSDWeight(LazyWeight):
-    r"""The value of a VSD weight site: :math:`W = \operatorname{diag}(\xi) \Theta` along ``noise_dim``.
-
-    :param theta: the deterministic weight :math:`\Theta` (PyTorch layout: ``(out, in)`` or
-        ``(C_out, C_in, k...)``).
-    :param noise: the distribution of :math:`\xi` (:class:`~pyro_whvi.distributions.StructuredDropoutNoise`).
-    :param noise_dim: the axis of ``theta`` that :math:`\xi` scales: ``1`` (the inputs of a linear layer,
-        as dropout) or ``0`` (the output channels of a convolution, §3.4).
-    :param xi: the site's own draw of :math:`\xi` times ``row_scale`` (default: drawn here).
-    :param row_scale: ``z`` of the hierarchical model (multiplies every draw), or ``None``.
-    :param local: whether ``F.linear``/``F.conv2d`` draw :math:`\xi` per example (see the module docstring).
-    :param example_dim: the input dimension of ``F.linear`` that indexes examples.
-    :param strict: make other ops on the weight an error instead of a warning.
-    :param site: the site's name, for messages.
-
-    References:
-        VSD paper (Nguyen et al., NeurIPS 2021), §3.1, §3.4, App. B.
-    """
-
-    @staticmethod
-    def __new__(cls, theta, noise, noise_dim, xi=None, row_scale=None, local=True, **kwargs):
-        return LazyWeight._wrap(cls, theta.shape, theta)
-
-    def __init__(
-        self,
-        theta: Tensor,
-        noise: StructuredDropoutNoise,
-        noise_dim: int,
-        xi: Tensor | None = None,
-        row_scale: Tensor | None = None,
-        local: bool = True,
-        *,
-        example_dim: int = 0,
-        strict: bool = False,
-        site: str | None = None,
-    ):
-        self.theta, self.noise, self.noise_dim, self.row_scale = theta, noise, noise_dim, row_scale
-        self.xi = xi if xi is not None else self.draw_examples(None)
-        self._init_lazy(local, (theta, self.xi), example_dim, strict, site)
-
-    def draw_examples(self, count: int | None) -> Tensor:
-        xi = self.noise.rsample(() if count is None else (count,))
-        return xi if self.row_scale is None else xi * self.row_scale
-
-    def dense_weight(self) -> Tensor:
-        return scale_along(self.theta, self.xi, self.noise_dim)
-
-    def __repr__(self, *, tensor_contents=None):
-        axis = "inputs" if self.noise_dim == 1 else "output channels"
-        return (
-            f"VSDWeight(shape={tuple(self.shape)}, noise on {axis} (K={self.xi.shape[-1]}), "
-            f"reflections={self.noise.vectors.shape[0]}, local_reparameterization={self.local})"
-        )
-
-    def local_linear(self, input):
-        if self.noise_dim != 1 or self.theta.dim() != 2 or input.dim() < 2 or self.example_dim > input.dim() - 2:
-            return None
-        xi = self.example_noise(input.shape[self.example_dim])  # (B, K)
-        return F.linear(input * along_examples(xi, self.example_dim, input.dim() - 1), self.theta)
-
-    def local_conv(self, conv, images, stride, padding, dilation, groups):
-        if self.noise_dim != 0:
-            return None
-        output = conv(images, self.theta, None, stride, padding, dilation, groups)
-        xi = self.example_noise(images.shape[0])  # one draw per image, scaling its output channels (§3.4)
-        return output * xi.reshape(xi.shape + (1,) * (output.dim() - 2))
-
-
-def along_examples(noise: Tensor, example_dim: int, batch_dims: int) -> Tensor:
-    """Per-example ``noise`` ``(B, *event)`` viewed to broadcast against ``batch_dims`` input dimensions
-    whose ``example_dim`` indexes the examples."""
-    event = noise.shape[1:]
-    shape = (1,) * example_dim + noise.shape[:1] + (1,) * (batch_dims - example_dim - 1) + event
-    return noise.reshape(shape)
-
-
 def _densify(tree, func=None):
     if isinstance(tree, LazyWeight):
         return tree._shared_draw(func)
@@ -477,3 +259,13 @@ def _conv(conv, input, weight, bias=None, stride=1, padding=0, dilation=1, group
     if bias is not None:
         output = output + _densify(bias, conv).reshape((-1,) + (1,) * (output.dim() - 2))
     return output.squeeze(0) if unbatched else output
+
+
+__getattr__ = moved_names(
+    __name__,
+    {
+        "WHVIWeight": "pyro_whvi.infer.whvi_weight",
+        "VSDWeight": "pyro_whvi.infer.vsd_weight",
+        "scale_along": "pyro_whvi.infer.vsd_weight",
+    },
+)

@@ -34,7 +34,8 @@ from ..distributions import WHVILayout, WHVIMatrix
 from ..distributions.qg_family import NETWORK_CONVENTION
 from ..distributions.whvi_matrix import base_distribution, has_real_support
 from ._guide_utils import like_tensor
-from .lazy_weight import WHVIWeight, check_example_dim, local_reparameterization_enabled
+from .lazy_weight import check_example_dim, local_reparameterization_enabled
+from .whvi_weight import WHVIWeight
 
 __all__ = ["WHVIReparam", "check_whvi_site", "g_site_name", "init_whvi_scales", "whvi_prior"]
 

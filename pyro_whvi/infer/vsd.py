@@ -33,7 +33,7 @@ from torch.distributions import Distribution, register_kl
 
 from ..distributions.householder import StructuredDropoutNoise
 from ..distributions.whvi_matrix import has_real_support
-from .lazy_weight import VSDWeight, scale_along
+from .vsd_weight import VSDWeight, scale_along
 
 _SCALAR = torch.Size()
 

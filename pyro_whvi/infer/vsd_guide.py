@@ -33,7 +33,7 @@ from pyro.nn import PyroModule, PyroParam
 from torch import Tensor, nn
 
 from ..distributions.empirical_bayes import vsd_hierarchical_kl, vsd_kl
-from ..distributions.householder import StructuredDropoutNoise
+from ..distributions.householder import StructuredDropoutNoise, fit_vsd_alpha
 from ._base import StructuredAutoGuide
 from ._guide_utils import (
     assign_param_,
@@ -44,7 +44,7 @@ from ._guide_utils import (
     normal_quantiles,
     pyro_params_,
 )
-from .lazy_weight import local_reparameterization_enabled, scale_along
+from .lazy_weight import local_reparameterization_enabled
 from .model_transform import GUIDE_KEY, SiteFilter
 from .vsd import (
     EmpiricalBayesPrior,
@@ -55,6 +55,7 @@ from .vsd import (
     z_prior,
     z_site_name,
 )
+from .vsd_weight import scale_along
 
 __all__ = ["AutoVSDGuide", "HouseholderVectors"]
 
@@ -288,8 +289,7 @@ class AutoVSDGuide(StructuredAutoGuide):
 
     def _set_structured_gaussian_(self, site, mean, precision, data_precision, data_rhs, what) -> None:
         r""":math:`\Theta` = ``mean``; :math:`\alpha` gives it the variances closest to ``1 / precision``
-        (:func:`~pyro_whvi.init.assign.fit_vsd_alpha`); the Householder vectors are kept."""
-        from ..init.assign import fit_vsd_alpha  # pyro_whvi.init builds on this package
+        (:func:`~pyro_whvi.distributions.householder.fit_vsd_alpha`); the Householder vectors are kept."""
 
         alpha = fit_vsd_alpha(self._sites[site], mean, precision, self.noise_distribution(site).householder_matrix)
         assign_param_(self.vsd_theta, site, mean, what)

@@ -27,11 +27,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..distributions.qg_family import cholesky_with_jitter
+
 __all__ = [
     "BLMPosterior",
     "blm_log_marginal",
     "blm_posterior",
-    "cholesky_with_jitter",
     "dirichlet_label_transform",
     "evidence_hyperparameters",
 ]
@@ -54,20 +55,6 @@ class BLMPosterior:
     def mean_field_variance(self) -> Tensor:
         r"""``(J, d)``: :math:`1 / P_{ii}`, the variances of the mean-field ``q`` closest in ``KL(q || p)`` (App. D)."""
         return 1.0 / self.precision.diagonal(dim1=-2, dim2=-1)
-
-
-def cholesky_with_jitter(matrix: Tensor, what: str) -> Tensor:
-    """Lower Cholesky factor, adding jitter (up to 1e-2 of the mean diagonal) when ``matrix`` is singular."""
-    factor, info = torch.linalg.cholesky_ex(matrix)
-    if not info.any():
-        return factor
-    scale = matrix.diagonal(dim1=-2, dim2=-1).abs().mean(-1, keepdim=True).clamp_min(1e-12)
-    eye = torch.eye(matrix.shape[-1], dtype=matrix.dtype, device=matrix.device)
-    for exponent in range(-10, -1):
-        factor, info = torch.linalg.cholesky_ex(matrix + (10.0**exponent * scale).unsqueeze(-1) * eye)
-        if not info.any():
-            return factor
-    raise ValueError(f"{what}: the matrix is not positive definite even with jitter (NaN or Inf in the inputs?).")
 
 
 def _broadcast_noise(noise_variance: Tensor | float, targets: Tensor) -> Tensor:

@@ -31,10 +31,10 @@ import torch
 from pyro.distributions import constraints
 from pyro.poutine.runtime import am_i_wrapped
 from torch import Tensor, nn
-from torch.distributions import Normal, biject_to
-from torch.distributions import kl_divergence as _torch_kl
+from torch.distributions import biject_to
 from torch.nn import functional as F
 
+from ..distributions.qg_family import diagonal_normal_kl
 from ..infer.lazy_weight import along_examples, check_example_dim, local_reparameterization_enabled
 
 __all__ = ["ExecutionScope", "VariationalLayer", "kl_divergence", "normal_kl", "softplus_inverse"]
@@ -45,12 +45,9 @@ def softplus_inverse(value: Tensor) -> Tensor:
     return biject_to(constraints.softplus_positive).inv(value)
 
 
-def normal_kl(loc: Tensor, scale: Tensor, prior_scale: float | Tensor) -> Tensor:
-    r""":math:`\sum \mathrm{KL}(\mathcal{N}(\mu, \sigma^2) \,\Vert\, \mathcal{N}(0, \sigma_p^2))`, closed form."""
-    prior = Normal(
-        torch.zeros_like(loc), torch.as_tensor(prior_scale, dtype=loc.dtype, device=loc.device), validate_args=False
-    )
-    return _torch_kl(Normal(loc, scale, validate_args=False), prior).sum()
+#: :math:`\sum \mathrm{KL}(\mathcal{N}(\mu, \sigma^2) \,\Vert\, \mathcal{N}(0, \sigma_p^2))` in closed form:
+#: the family's (:func:`pyro_whvi.distributions.qg_family.diagonal_normal_kl`), under the layers' name.
+normal_kl = diagonal_normal_kl
 
 
 class ExecutionScope:

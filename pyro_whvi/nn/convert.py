@@ -14,9 +14,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..distributions.whvi_projection import project_onto_whvi
 from ..infer.autoguide import PRESETS
 from ..infer.lazy_weight import check_example_dim
-from ..init.assign import project_onto_whvi
 from .base import ExecutionScope, VariationalLayer
 from .mean_field import MeanFieldLinear
 from .vsd import VSDConv2d, VSDLinear

@@ -22,11 +22,12 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from ..distributions import WHVILayout, WHVINormal
+from ..distributions import GaussianQG, WHVILayout, WHVINormal
+from ..distributions.qg_family import diagonal_normal_kl
 from ..distributions.whvi_matrix import whvi_weight
 from ..infer.reparam import init_whvi_scales, whvi_prior
 from ..ops.shapes import stacked_whvi_conv2d, stacked_whvi_matvec
-from .base import VariationalLayer, normal_kl, softplus_inverse
+from .base import VariationalLayer, softplus_inverse
 
 __all__ = ["WHVIConv2d", "WHVILinear"]
 
@@ -57,9 +58,13 @@ class _WHVILayer(VariationalLayer):
     def g_scale(self) -> Tensor:
         return F.softplus(self.g_scale_unconstrained)
 
+    def qg(self) -> GaussianQG:
+        """:math:`q(g)` as the family's :class:`~pyro_whvi.distributions.GaussianQG` (diagonal, ``(K, D)``)."""
+        return GaussianQG("diagonal", self.g_loc, scale=self.g_scale)
+
     def posterior(self) -> dist.TorchDistribution:
         """:math:`q(g)`, event shape ``(K, D)``."""
-        return dist.Normal(self.g_loc, self.g_scale).to_event(2)
+        return self.qg().distribution()
 
     def prior(self) -> dist.TorchDistribution:
         """:math:`p(g) = \\mathcal{N}(0, \\lambda I)`, event shape ``(K, D)``."""
@@ -70,7 +75,9 @@ class _WHVILayer(VariationalLayer):
         return WHVINormal(self.s1, self.s2, self.posterior(), self.layout.shape)
 
     def kl_divergence(self) -> Tensor:
-        return normal_kl(self.g_loc, self.g_scale, math.sqrt(self.prior_variance)) + self.bias_kl()
+        # The family's closed form for a diagonal q(g) (GaussianQG.kl_divergence), called directly: the
+        # loss is traced by torch.compile(fullgraph=True), which need not follow a frozen dataclass.
+        return diagonal_normal_kl(self.g_loc, self.g_scale, math.sqrt(self.prior_variance)) + self.bias_kl()
 
     def split_noise(self, noise: Tensor) -> tuple[Tensor, Tensor | None]:
         """``g`` ``(..., K, D)`` and the bias ``(..., out)`` for standard-normal ``noise`` ``(..., K D [+ out])``."""

@@ -50,19 +50,22 @@ _TORCH_LOCK_GRACE_S = 2.0
 
 
 def kernel_source_dir() -> Path:
-    """Directory holding the C++ CPU kernel sources (installed copy or the checkout's ``cuda/cpu/``)."""
+    """Directory holding the C++ CPU kernel sources: ``cpu/`` of the package ``pyro_whvi._csrc``.
+
+    ``pyro_whvi._csrc`` is the checkout's top-level ``cuda/`` folder (``pyproject.toml`` maps it; an
+    editable install maps it the same way), so the C++ and the Triton kernels are found through this one
+    package, installed or not (``cuda/README.md``).
+    """
     try:
-        installed = Path(str(importlib.resources.files("pyro_whvi._csrc"))) / "cpu"
-        if (installed / _CPU_SOURCES[0]).is_file():
-            return installed
+        sources = Path(str(importlib.resources.files("pyro_whvi._csrc"))) / "cpu"
     except ModuleNotFoundError:
-        pass
-    checkout = Path(__file__).resolve().parents[2] / "cuda" / "cpu"
-    if (checkout / _CPU_SOURCES[0]).is_file():
-        return checkout
-    raise FileNotFoundError(
-        "pyro_whvi: the kernel sources (fwht_cpu.cpp) are missing from the installation; reinstall pyro_whvi."
-    )
+        sources = None
+    if sources is None or not (sources / _CPU_SOURCES[0]).is_file():
+        raise FileNotFoundError(
+            "pyro_whvi: the kernel sources (pyro_whvi._csrc/cpu/fwht_cpu.cpp, the checkout's cuda/cpu/) are missing "
+            "from the installation; reinstall pyro_whvi (`pip install -e .` in a checkout)."
+        )
+    return sources
 
 
 def _native_flags() -> tuple[list[str], str]:

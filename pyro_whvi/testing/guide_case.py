@@ -1,8 +1,21 @@
 """The checks every guide configuration passes, as a reusable base class (GPyTorch's ``BaseKernelTestCase``
 idea): a subclass says how to build its guide, and inherits one test per check.
 
-``StructuredGuideTestCase`` is not collected by pytest (its name does not start with ``Test``, and this
-module's name does not match ``test_*.py``); ``tests/test_guide_conformance.py`` holds the subclasses.
+Shipped for users who write their own guide, as ``gpytorch.test`` ships its bases (it needs ``pytest``, in
+the ``dev`` extra): subclass it in a ``test_*.py`` file, name the subclass ``Test...``, implement
+:meth:`StructuredGuideTestCase.make_guide` and set ``structured_groups``::
+
+    from pyro_whvi.testing import StructuredGuideTestCase
+
+    class TestMyGuide(StructuredGuideTestCase):
+        structured_groups = frozenset({"locs", "scales"})
+
+        def make_guide(self, model):
+            return MyGuide(model)
+
+``StructuredGuideTestCase`` itself is not collected by pytest (its name does not start with ``Test``);
+``tests/infer/test_guide_conformance.py`` holds the library's own subclasses. Each test runs in float64 with
+Pyro's validation on, seed 0 and an empty param store (the class's autouse fixture).
 The checks:
 
 * each of Pyro's ``Trace_ELBO``, ``TraceMeanField_ELBO``, ``TraceGraph_ELBO`` trains through ``SVI`` with
@@ -27,176 +40,25 @@ from __future__ import annotations
 import io
 import math
 import warnings
-from collections.abc import Callable
-from typing import ClassVar, cast
 
 import pyro
-import pyro.distributions as dist
 import pytest
 import torch
-from pyro import poutine
-from pyro.infer import SVI, Predictive, Trace_ELBO, TraceGraph_ELBO, TraceMeanField_ELBO
-from pyro.infer.autoguide import AutoGuide
+from pyro.infer import Trace_ELBO, TraceMeanField_ELBO
 from pyro.optim import PyroOptim
 from torch import Tensor
 
-from pyro_whvi.infer import local_reparameterization
-from pyro_whvi.nn import BayesianMLP
+from ..infer import local_reparameterization
+from .conformance_models import ELBOS, MISMATCH_WARNINGS, LocalLatentMLP, data_plate, parameter_groups
+from .guide_case_base import GuideCaseBase
 
-ELBOS: dict[str, Callable[[], pyro.infer.ELBO]] = {
-    "Trace_ELBO": Trace_ELBO,
-    "TraceMeanField_ELBO": TraceMeanField_ELBO,
-    "TraceGraph_ELBO": TraceGraph_ELBO,
-}
-
-#: Pyro's warnings that a guide does not match its model ("Found vars in model but not guide", ...), or
-#: that TraceMeanField_ELBO could not verify the mean-field restriction: errors in the checks.
-MISMATCH_WARNINGS = ("Found ", "Failed to verify mean field")
+__all__ = ["StructuredGuideTestCase"]
 
 
-class ConformanceMLP(BayesianMLP):
-    """``BayesianMLP`` whose data plate can subsample: with ``subsample_size`` the likelihood is
-    ``pyro.plate("data", N, subsample_size=B)`` over the whole batch's outputs (the weights are drawn
-    outside it, and so is each example's noise), so Pyro draws the minibatch and scales its log-likelihood
-    by ``N / B``; ``scale_likelihood=False`` undoes that scale (a broken model, to show a check can fail).
-    The noise scale starts at 1, so that most of the likelihood is a constant per example."""
-
-    def __init__(self, widths, noise_scale: float = 1.0):
-        super().__init__(widths, noise_scale=noise_scale)
-
-    def forward(
-        self,
-        x: Tensor,
-        y: Tensor | None = None,
-        num_data: int | None = None,
-        subsample_size: int | None = None,
-        scale_likelihood: bool = True,
-    ) -> Tensor:
-        if subsample_size is None:
-            return super().forward(x, y, num_data)
-        f = self.predict(x)
-        pyro.deterministic("f", f)
-        undo = 1.0 if scale_likelihood else subsample_size / x.shape[0]
-        noise_scale = cast(Tensor, self.noise_scale)
-        with pyro.plate("data", x.shape[0], subsample_size=subsample_size) as index, poutine.scale(scale=undo):
-            pyro.sample("obs", dist.Normal(f[index], noise_scale), obs=None if y is None else y[index])
-        return f
-
-
-class LocalLatentMLP(ConformanceMLP):
-    """A per-example latent ``offset`` in the subsampled data plate, for the guide to subsample as the model
-    does (through ``create_plates``); ``last_index`` is the model's last minibatch."""
-
-    last_index: Tensor | None = None
-
-    def forward(self, x: Tensor, y: Tensor | None = None, subsample_size: int | None = None) -> Tensor:  # type: ignore[override]
-        f = self.predict(x)
-        noise_scale = cast(Tensor, self.noise_scale)
-        with pyro.plate("data", x.shape[0], subsample_size=subsample_size) as index:
-            self.last_index = index
-            offset = pyro.sample("offset", dist.Normal(0.0, 0.5))
-            pyro.sample("obs", dist.Normal(f[index] + offset, noise_scale), obs=None if y is None else y[index])
-        return f
-
-
-def _data_plate(x: Tensor, y: Tensor | None = None, subsample_size: int | None = None):
-    """The guide's ``create_plates`` for :class:`LocalLatentMLP`."""
-    return pyro.plate("data", x.shape[0], subsample_size=subsample_size)
-
-
-def _parameter_groups(name: str) -> tuple[str, str]:
-    """``("whvi_s1", "layers.0.weight")`` for the guide parameter ``whvi_s1.layers.0.weight_unconstrained``."""
-    group, _, rest = name.removesuffix("_unconstrained").partition(".")
-    return group, rest
-
-
-class StructuredGuideTestCase:
-    """Base of the guide conformance tests. A subclass (named ``Test...``) implements :meth:`make_guide`
-    and sets ``structured_groups``; it may override :meth:`make_model`, :meth:`make_data`,
-    :meth:`initialize` (e.g. I-BLM), :meth:`may_stay`, ``unsupported_elbos`` and the sizes below.
-
-    Every configuration here trains with all three ELBOs (checked: no guide needs ``unsupported_elbos``);
-    the conftest fixture gives each test float64, Pyro's validation, seed 0 and an empty param store."""
-
-    #: Parameter groups (the guide's attribute holding them, e.g. ``"whvi_s1"``, ``"vsd_theta"``) that each
-    #: structured site must have parameters in; empty for a guide without structured sites.
-    structured_groups: frozenset[str] = frozenset()
-    #: ELBO name -> (exception type, regex) for ELBOs the guide legitimately cannot train with.
-    unsupported_elbos: ClassVar[dict[str, tuple[type[BaseException], str]]] = {}
-    widths = (4, 8, 8, 1)
-    num_data = 32
-    batch_size = 8  # minibatches: num_data / batch_size of them in the partition check
-    num_samples = 5  # Predictive draws
-    steps = 10  # SVI steps before parameters must have moved
-    lr = 0.01
-
-    # -- the hooks -------------------------------------------------------------------------------
-
-    def make_model(self) -> ConformanceMLP:
-        return ConformanceMLP(list(self.widths))
-
-    def make_data(self) -> tuple[Tensor, Tensor]:
-        """The same regression data on every call (its own generator), in the default dtype."""
-        generator = torch.Generator().manual_seed(1234)
-        x = torch.randn(self.num_data, self.widths[0], generator=generator)
-        y = torch.sin(x.sum(-1)) + 0.1 * torch.randn(self.num_data, generator=generator)
-        return x, y
-
-    def make_guide(self, model: ConformanceMLP) -> AutoGuide:
-        """A new guide for ``model``, not yet called."""
-        raise NotImplementedError
-
-    def initialize(self, guide: AutoGuide, data: tuple[Tensor, Tensor]) -> None:
-        """Initialize a new guide's parameters before training (e.g. ``iblm_``); a guide that is about to
-        load a saved state is not initialized. Default: the guide's own initialization."""
-
-    def may_stay(self, guide: AutoGuide, name: str) -> bool:
-        """Whether guide parameter ``name`` gets no gradient at the guide's present values, for a reason the
-        subclass checks on ``guide``: it may then keep its initial value under SVI if this holds both before
-        and after training. Default: no parameter may."""
-        return False
-
-    # -- helpers ---------------------------------------------------------------------------------
-
-    def structured_sites(self, guide: AutoGuide) -> dict[str, set[str]]:
-        """Each structured site, with the names its parameters are filed under in the guide (the site's
-        own, and the guide's site for it, e.g. ``"layers.0.weight_whvi_g"``)."""
-        sites = getattr(guide, "structured_sites", None) or {}
-        return {site: {site, guide.guide_site(site)} for site in sites}
-
-    def site_parameters(self, guide: AutoGuide) -> dict[str, dict[str, Tensor]]:
-        """``{structured site: {parameter name: parameter}}`` from ``guide.named_parameters()``."""
-        parameters = dict(guide.named_parameters())
-        result: dict[str, dict[str, Tensor]] = {}
-        for site, keys in self.structured_sites(guide).items():
-            result[site] = {}
-            for name, value in parameters.items():
-                _, rest = _parameter_groups(name)
-                if any(rest == key or rest.startswith(key + ".") for key in keys):
-                    result[site][name] = value
-        return result
-
-    def _setup(self):
-        model = self.make_model()
-        guide = self.make_guide(model)
-        x, y = self.make_data()
-        self.initialize(guide, (x, y))
-        guide(x, y)
-        return model, guide, x, y
-
-    def _svi(self, model, guide, elbo=None, optim=None) -> SVI:
-        return SVI(model, guide, optim or PyroOptim(torch.optim.Adam, {"lr": self.lr}), elbo or Trace_ELBO())
-
-    def _return_sites(self, model, guide, x, y) -> dict[str, torch.Size]:
-        """Every site Predictive is asked for, with its shape in one execution of the model."""
-        trace = poutine.trace(model).get_trace(x, y)
-        latent = [name for name, _ in guide.prototype_trace.iter_stochastic_nodes()]
-        names = [*latent, *self.structured_sites(guide), "f", "obs"]
-        return {name: trace.nodes[name]["value"].shape for name in dict.fromkeys(names)}
-
-    def _predict(self, model, guide, x, sites, seed: int = 7) -> dict[str, Tensor]:
-        pyro.set_rng_seed(seed)
-        return Predictive(model, guide=guide, num_samples=self.num_samples, return_sites=list(sites))(x)
+class StructuredGuideTestCase(GuideCaseBase):
+    """Base of the guide conformance tests: one test per check of the module docstring. A subclass
+    (named ``Test...``) implements :meth:`~GuideCaseBase.make_guide` and sets ``structured_groups``; the
+    other hooks are :class:`~pyro_whvi.testing.guide_case_base.GuideCaseBase`'s."""
 
     # -- ELBOs -----------------------------------------------------------------------------------
 
@@ -325,11 +187,11 @@ class StructuredGuideTestCase:
         location and of the scale."""
         model = LocalLatentMLP(list(self.widths))
         guide = self.make_guide(model)
-        guide.create_plates = _data_plate
+        guide.create_plates = data_plate
         x, y = self.make_data()
         guide(x, y, subsample_size=self.batch_size)
-        locs = {name: value for name, value in guide.named_parameters() if _parameter_groups(name)[1] == "offset"}
-        assert sorted(_parameter_groups(name)[0] for name in locs) == ["locs", "scales"], sorted(locs)
+        locs = {name: value for name, value in guide.named_parameters() if parameter_groups(name)[1] == "offset"}
+        assert sorted(parameter_groups(name)[0] for name in locs) == ["locs", "scales"], sorted(locs)
         assert all(value.shape == (self.num_data,) for value in locs.values()), {k: v.shape for k, v in locs.items()}
         svi = self._svi(model, guide, optim=PyroOptim(torch.optim.SGD, {"lr": self.lr}))  # no momentum
         for _ in range(2):
@@ -422,7 +284,7 @@ class StructuredGuideTestCase:
         per_site = self.site_parameters(guide)
         assert (len(per_site) > 0) == bool(self.structured_groups), list(per_site)
         for site, parameters in per_site.items():
-            groups = {_parameter_groups(name)[0] for name in parameters}
+            groups = {parameter_groups(name)[0] for name in parameters}
             assert groups == self.structured_groups, (site, sorted(groups))
         before = {name: value.detach().clone() for name, value in guide.named_parameters()}
         exempt = {name for name in before if self.may_stay(guide, name)}
