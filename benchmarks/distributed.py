@@ -1,11 +1,11 @@
 """Data-parallel SVI: throughput of 1 vs N processes at the same global batch, and the all-reduce cost.
 
 A Bayesian MLP ``[16, D, D, 1]`` (default D = 1024) with ``AutoWHVIGuide`` (the ``whvi`` method) and
-``AutoNormal`` (``mfg``) is trained by :func:`pyro_whvi.experiments.engine.train` on synthetic regression data, with
+``AutoNormal`` (``mfg``) is trained by :func:`pyro_whvi.train.engine.train` on synthetic regression data, with
 the same global batch (default 256) in every configuration:
 
 * ``1 process x 1 thread`` and ``1 process x N threads`` (the same cores as N processes);
-* ``N processes x 1 thread``, launched by :func:`pyro_whvi.experiments.distributed.launch` (gloo on loopback):
+* ``N processes x 1 thread``, launched by :func:`pyro_whvi.train.distributed.launch` (gloo on loopback):
   each rank computes ``batch / N`` examples and DDP all-reduces the gradient.
 
 A step's time is ``(t(long) - t(short)) / (long - short steps)`` (each the fastest of 5 runs, after one
@@ -30,9 +30,9 @@ import pyro
 import torch
 import torch.distributed as dist
 
-from pyro_whvi.experiments import distributed
-from pyro_whvi.experiments.engine import Schedule, train
 from pyro_whvi.experiments.methods import build_method
+from pyro_whvi.train import distributed
+from pyro_whvi.train.engine import Schedule, train
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _results import environment, report_saved, save_figure, save_tables

@@ -39,9 +39,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _results import environment, report_saved, save_figure, save_tables
 
 from pyro_whvi.experiments.baselines import GPyTorchSVGP, inducing_points_for_parameters, initial_inducing_points
-from pyro_whvi.experiments.engine import Schedule
 from pyro_whvi.experiments.gp_regressors import RandomFeatureRegressor
 from pyro_whvi.gp import RandomFeatureKernel
+from pyro_whvi.train.engine import Schedule
 
 PROJECTIONS = ("dense", "fastfood", "sorf")
 

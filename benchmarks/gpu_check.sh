@@ -12,7 +12,7 @@
 #   dao           Dao-AILab's fast-hadamard-transform, built with nvcc in the background (<= 180 s) when a
 #                 source tree with its CUDA sources (csrc/) is carried in .whl/; skipped otherwise, and said so
 #   env           nvidia-smi, torch, Triton, the device's name
-#   tests         tests/test_cuda.py on CUDA tensors: every op and dtype against the float64 reference
+#   tests         tests/ops/test_cuda.py on CUDA tensors: every op and dtype against the float64 reference
 #   gpu-kernels   benchmarks/gpu_kernels.py: every op forward and backward, fp32/bf16/fp16, D = 2^4 ... 2^15,
 #                 against the copy floor, the reference, dense cuBLAS (and Dao's kernel where built)
 #   svi-step      benchmarks/svi_step.py --device cuda: plain PyTorch, the layers eager and compiled, SVI
@@ -181,11 +181,11 @@ export workers
 run_tests() {
     local xdist=()
     if "$PYTHON" -c "import xdist" 2>/dev/null; then xdist=(-n "$workers"); fi
-    PYRO_WHVI_TEST_DEVICE=$DEVICE "$PYTHON" -m pytest tests/test_cuda.py -q -rs -p no:cacheprovider "${xdist[@]}" \
+    PYRO_WHVI_TEST_DEVICE=$DEVICE "$PYTHON" -m pytest tests/ops/test_cuda.py -q -rs -p no:cacheprovider "${xdist[@]}" \
         --junitxml="$RESULTS/test_cuda.xml"
 }
 export -f run_tests
-step tests 150 "tests/test_cuda.py with PYRO_WHVI_TEST_DEVICE=$DEVICE" -- run_tests
+step tests 150 "tests/ops/test_cuda.py with PYRO_WHVI_TEST_DEVICE=$DEVICE" -- run_tests
 
 # Timings need the machine to themselves: the background builds end first (they are bounded by their limits).
 wait "$CPU_KERNELS_PID"

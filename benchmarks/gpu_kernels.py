@@ -17,7 +17,7 @@ For D = 2^4 ... 2^15, float32, bfloat16 and float16, on one CUDA device, one run
 * Dao-AILab's ``fast_hadamard_transform`` beside ``fwht`` when it is importable (a CUDA extension).
 
 Every op is also checked against the float64 reference on fresh random inputs (64 rows, or 4 matrices), its
-output and every gradient, with the tolerances of the interpreter checks (``tests/test_triton_kernels.py``:
+output and every gradient, with the tolerances of the interpreter checks (``tests/ops/test_triton_kernels.py``:
 relative to max(1, max|reference|), 2e-6 in float32, 2e-3 in float16, 1.6e-2 in bfloat16; gradients of the half
 types 5e-2); the first and last rows of the timed batch are checked too (the last program's partial tail). A NaN
 fails. The table's ``ok`` column says which passed; ``--strict`` makes any failure the exit status 1.
@@ -59,7 +59,7 @@ from _results import environment, report_saved, save_tables
 
 OPS = ("fwht", "whvi_matvec", "fastfood", "whvi_design")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-#: The interpreter checks' tolerances (tests/test_triton_kernels.py), relative to max(1, max|reference|).
+#: The interpreter checks' tolerances (tests/ops/test_triton_kernels.py), relative to max(1, max|reference|).
 TOLERANCE = {torch.float32: 2e-6, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 GRAD_TOLERANCE = {torch.float32: 1e-5, torch.float16: 5e-2, torch.bfloat16: 5e-2}
 DESIGN_MAX = 8192  # whvi_design's fused kernels stop here (the reference above)

@@ -42,10 +42,10 @@ from _results import environment, report_saved, save_figure, save_tables
 
 from pyro_whvi import AutoWHVIGuide, iblm_, xavier_normal_
 from pyro_whvi.data import load_digits_split, load_uci_split, num_uci_splits
-from pyro_whvi.experiments.engine import Schedule, train
 from pyro_whvi.experiments.methods import predictive_samples
 from pyro_whvi.metrics import categorical_nll, gaussian_mnll, mean_and_standard_error
 from pyro_whvi.nn import BayesianCNN, BayesianMLP
+from pyro_whvi.train.engine import Schedule, train
 
 TASKS = ("concrete", "digits")
 GUIDES = ("mfg", "whvi")

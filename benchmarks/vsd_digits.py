@@ -31,12 +31,12 @@ from _results import environment, report_saved, save_figure
 
 from pyro_whvi import AutoVSDGuide, iblm_
 from pyro_whvi.data import load_digits_split
-from pyro_whvi.experiments.engine import Minibatches, Schedule
 from pyro_whvi.experiments.methods import predictive_samples
 from pyro_whvi.experiments.reporting import save_tables, summarize_by
-from pyro_whvi.experiments.selection import holdout, select_best, train_keeping_best
 from pyro_whvi.metrics import categorical_nll, error_rate, expected_calibration_error, reliability_diagram
 from pyro_whvi.nn import BayesianCNN, BayesianMLP
+from pyro_whvi.train.engine import Minibatches, Schedule
+from pyro_whvi.train.selection import holdout, select_best, train_keeping_best
 
 METHODS = ("vsd", "vsd-h", "mcd", "mfg")
 MODELS = ("mlp", "cnn")

@@ -32,8 +32,8 @@ from _results import environment, save_tables
 
 from pyro_whvi import AutoVSDGuide
 from pyro_whvi.data import load_digits_split
-from pyro_whvi.experiments.engine import Minibatches
 from pyro_whvi.nn import BayesianCNN, BayesianMLP
+from pyro_whvi.train.engine import Minibatches
 
 METHODS = {
     "deterministic": lambda m: AutoDelta(m, init_loc_fn=init_to_sample),

@@ -47,12 +47,12 @@ from _results import environment
 
 from pyro_whvi import AutoVSDGuide, iblm_
 from pyro_whvi.data import load_uci_split, num_uci_splits
-from pyro_whvi.experiments.engine import Minibatches, Schedule
 from pyro_whvi.experiments.methods import predictive_samples
 from pyro_whvi.experiments.reporting import save_tables, summarize_by
-from pyro_whvi.experiments.selection import holdout, select_best, train_keeping_best
 from pyro_whvi.metrics import gaussian_mnll, rmse
 from pyro_whvi.nn import BayesianMLP
+from pyro_whvi.train.engine import Minibatches, Schedule
+from pyro_whvi.train.selection import holdout, select_best, train_keeping_best
 
 METHODS = ("vsd", "vsd-h", "mcd")
 

@@ -85,6 +85,24 @@ autodoc_inherit_docstrings = False
 autodoc_mock_imports = ["gpflow", "tensorflow", "tensorflow_probability", "tf_keras", "lightning"]
 
 
+def _moved_modules() -> list[str]:
+    """Old module paths kept for one release (``pyro_whvi._moved.alias_module``): importing one gives the new
+    module, which has its own page; the module template leaves them out."""
+    import importlib
+    import pkgutil
+    import warnings
+
+    moved = []
+    for info in pkgutil.walk_packages(pyro_whvi.__path__, "pyro_whvi."):
+        if any(part.startswith("_") for part in info.name.split(".")):
+            continue
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            if importlib.import_module(info.name).__name__ != info.name:
+                moved.append(info.name)
+    return moved
+
+
 def _module_constants() -> dict[str, list[tuple[str, bool]]]:
     """Module constants (``NOISE_FILE = ...``) that autodoc would leave out, by module.
 
@@ -103,7 +121,7 @@ def _module_constants() -> dict[str, list[tuple[str, bool]]]:
     names += [info.name for info in pkgutil.walk_packages(pyro_whvi.__path__, "pyro_whvi.")]
     found: dict[str, list[tuple[str, bool]]] = {}
     for name in names:
-        if any(part.startswith("_") for part in name.split(".")):
+        if any(part.startswith("_") for part in name.split(".")) or name in _moved_modules():
             continue
         module = importlib.import_module(name)
         source = Path(module.__file__).read_text(encoding="utf-8")
@@ -121,7 +139,7 @@ def _module_constants() -> dict[str, list[tuple[str, bool]]]:
     return found
 
 
-autosummary_context = {"undocumented_constants": _module_constants()}
+autosummary_context = {"undocumented_constants": _module_constants(), "moved_modules": _moved_modules()}
 
 
 def _skip_reexports(app, what, name, obj, skip, options):

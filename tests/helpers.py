@@ -30,7 +30,7 @@ GUIDES = {
     "mfg": lambda model: AutoNormal(model),
 }
 
-# AutoVSDGuide's options, by name: tests/test_vsd_guide.py and the conformance checks run through each.
+# AutoVSDGuide's options, by name: tests/infer/test_vsd_guide.py and the conformance checks run through each.
 VSD_OPTIONS: dict[str, dict] = {
     "T0": {"reflections": 0},
     "T1": {"reflections": 1},

@@ -31,10 +31,10 @@ import torch
 
 from pyro_whvi.data import make_synthetic_dataset, toy_regression_1d
 from pyro_whvi.experiments.baselines import GPyTorchSVGP, inducing_points_for_parameters, initial_inducing_points
-from pyro_whvi.experiments.engine import Schedule
 from pyro_whvi.experiments.gp_regressors import RandomFeatureRegressor
 from pyro_whvi.gp import RandomFeatureGP, RandomFeatureKernel
 from pyro_whvi.gp.kernel import rbf_kernel_matrix
+from pyro_whvi.train.engine import Schedule
 
 FAST = os.environ.get("PYRO_WHVI_TUTORIAL_FAST") == "1"
 OUT = Path(os.environ.get("PYRO_WHVI_TUTORIAL_OUT", Path(__file__).parent / "figures"))

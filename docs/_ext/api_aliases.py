@@ -1,7 +1,7 @@
 """Resolve references to re-exported names (``pyro_whvi.AutoWHVIGuide``) to where they are documented.
 
 The API reference documents every object once, in the module that defines it
-(``pyro_whvi.infer.autoguide.AutoWHVIGuide``); the docstrings refer to the public, re-exported names
+(``pyro_whvi.infer.whvi_guide.AutoWHVIGuide``); the docstrings refer to the public, re-exported names
 (``:class:`~pyro_whvi.AutoWHVIGuide```, ``:class:`KLAnnealing``` from inside ``pyro_whvi.infer``).
 On ``missing-reference`` this imports the target (only names under ``pyro_whvi``), finds the object's
 defining module and qualified name, and links there if that is documented. A reference that still

@@ -127,7 +127,7 @@ def _nonnegative_solve(matrix: Tensor, target: Tensor, iterations: int = 500) ->
 
 
 def fit_vsd_alpha(site, mean: Tensor, precision: Tensor, householder_matrix: Tensor) -> Tensor:
-    r""":math:`\alpha` of a VSD site (a :class:`~pyro_whvi.infer.vsd.VSDSite`) whose :math:`\Theta` is ``mean``,
+    r""":math:`\alpha` of a VSD site (a :class:`~pyro_whvi.infer.vsd_reparam.VSDSite`) whose :math:`\Theta` is ``mean``,
     for a Gaussian with the diagonal precision ``precision``; ``householder_matrix`` is the site's ``U``. See the module
     docstring."""
     grouped = (precision * mean.pow(2)).movedim(site.noise_dim, 0).reshape(site.num_noise, -1)

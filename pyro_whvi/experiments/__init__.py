@@ -4,9 +4,9 @@ the GP experiment, the benchmark runner and the ``whvi`` command line.
 Nothing in the library (:mod:`pyro_whvi.ops`, ``distributions``, ``infer``, ``nn``, ``init``, ``gp``,
 ``metrics``, ``data``) imports from here.
 
-* :mod:`~pyro_whvi.experiments.engine` — :func:`~pyro_whvi.experiments.engine.train`, the one SVI loop
+* :mod:`~pyro_whvi.train.engine` — :func:`~pyro_whvi.train.engine.train`, the one SVI loop
   (schedule, fixed-noise phase, minibatches, checkpoints, data-parallel).
-* :mod:`~pyro_whvi.experiments.distributed` — launching and joining process groups.
+* :mod:`~pyro_whvi.train.distributed` — launching and joining process groups.
 * :mod:`~pyro_whvi.experiments.methods` — ``mfg``, ``mcd``, ``whvi``, ``nf-whvi``, ``vsd`` (``+iblm``).
 * :mod:`~pyro_whvi.experiments.uci` — ``whvi uci``; :mod:`~pyro_whvi.experiments.noisy_sets` — ``whvi synthetic``.
 * :mod:`~pyro_whvi.experiments.demo`, :mod:`~pyro_whvi.experiments.gp`, :mod:`~pyro_whvi.experiments.bench`.

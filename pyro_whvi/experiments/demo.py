@@ -1,7 +1,7 @@
 r"""The main job in one command: ``whvi demo``.
 
 Two problems, four inference methods on the same Pyro model, trained on Pyro's ``Trace_ELBO`` by the
-application's one loop (:func:`~pyro_whvi.experiments.engine.train`) and predicted with ``Predictive``:
+application's one loop (:func:`~pyro_whvi.train.engine.train`) and predicted with ``Predictive``:
 
 * the WHVI paper's 1-D toy regression (§3.1, Fig. 4: 128 points on [-1, 2] with a gap, a 2 x 128
   cosine network with a fixed noise scale), where a good posterior's band widens in the gap;
@@ -49,10 +49,10 @@ from tqdm.auto import tqdm
 from ..data import TOY_GAP, TOY_NOISE_SCALE, load_digits_split, toy_function, toy_regression_1d
 from ..metrics import categorical_nll, error_rate, expected_calibration_error, reliability_diagram
 from ..nn import BayesianMLP
-from .engine import Schedule, train
+from ..train.engine import Schedule, train
+from ..train.selection import holdout
 from .methods import make_guide, predictive_samples
 from .reporting import draw_reliability, save_tables
-from .selection import holdout
 
 __all__ = ["METHODS", "DemoConfig", "run_demo"]
 

@@ -6,8 +6,8 @@ Shape letters: ``N`` data points, ``d`` input dimensions.
 the WHVI paper's schedule (:data:`GP_SCHEDULE`: Adam, observation noise held fixed for the first part,
 App. D.4) and ``predict(x)`` returns the predictive mean and variance of ``y``. PyTorch models implement one
 hook, :meth:`TorchGPRegressor.negative_elbo`, and train on the application's one loop
-(:func:`pyro_whvi.experiments.engine.optimize`); the GPflow baseline runs its TensorFlow steps on the same
-minibatches (:class:`~pyro_whvi.experiments.engine.Minibatches`).
+(:func:`pyro_whvi.train.engine.optimize`); the GPflow baseline runs its TensorFlow steps on the same
+minibatches (:class:`~pyro_whvi.train.engine.Minibatches`).
 :class:`RandomFeatureRegressor` wraps the library's :class:`~pyro_whvi.gp.RandomFeatureGP`.
 
 References:
@@ -28,7 +28,7 @@ from torch import Tensor
 
 from ..gp import RandomFeatureGP, RandomFeatureKernel
 from ..gp.random_feature_gp import check_regression_data
-from .engine import Minibatches, Schedule, optimize
+from ..train.engine import Minibatches, Schedule, optimize
 
 __all__ = [
     "GP_SCHEDULE",
@@ -199,7 +199,7 @@ class RandomFeatureRegressor(TorchGPRegressor):
 
     def negative_elbo(self, x: Tensor, y: Tensor, num_data: int) -> Tensor:
         # -gpytorch.mlls.VariationalELBO(likelihood, model, num_data)(model(x), y), written out: the Gaussian
-        # expectation needs only the mean and the root's row norms (tests/test_gp_model.py checks the two agree).
+        # expectation needs only the mean and the root's row norms (tests/gp/test_gp_model.py checks the two agree).
         # GPyTorch's path (the distribution, the likelihood's noise operator, the ELBO's prior and added-loss
         # walks) adds about 0.1 ms to every step: +8-16% on the RF-WHVI steps of benchmarks/gp_speed.py
         # (D = 8 and 32, batch 256, float32, one thread).

@@ -16,7 +16,7 @@ One name per method, the same Pyro model for all of them (a :class:`~pyro_whvi.n
 Append ``+iblm`` (``whvi+iblm``, ``mfg+iblm``, ...) to start the guide from I-BLM
 (:func:`~pyro_whvi.iblm_`) instead of its default initialization.
 
-:func:`fit` runs the WHVI paper's schedule (App. D.1) through :func:`pyro_whvi.experiments.engine.train`: Adam
+:func:`fit` runs the WHVI paper's schedule (App. D.1) through :func:`pyro_whvi.train.engine.train`: Adam
 with the learning rate :math:`\lambda_t = \lambda_0 (1 + \gamma t)^{-p}`, minibatches, and for
 regression the noise scale held fixed for the first ``fixed_noise_steps``, in one process or
 data-parallel; :func:`predictive_samples` draws the Monte-Carlo predictive with ``Predictive``.
@@ -45,7 +45,7 @@ from torch import Tensor
 from ..infer import AutoVSDGuide, AutoWHVIGuide
 from ..init import iblm_
 from ..nn import BayesianMLP
-from .engine import Checkpoint, Schedule, train
+from ..train.engine import Checkpoint, Schedule, train
 
 __all__ = [
     "BASE_METHODS",
@@ -163,7 +163,7 @@ def fit(
     noise: str = "per_rank",
     kl_weight: float = 1.0,
 ) -> list[float]:
-    """Train ``guide`` on ``(x, y)`` with :func:`~pyro_whvi.experiments.engine.train` (``Trace_ELBO``, Adam,
+    """Train ``guide`` on ``(x, y)`` with :func:`~pyro_whvi.train.engine.train` (``Trace_ELBO``, Adam,
     ``schedule``).
 
     With ``+iblm`` the guide is first initialized by :func:`~pyro_whvi.iblm_` on the training data
@@ -172,8 +172,8 @@ def fit(
     every rank of a ``torch.distributed`` group, it trains data-parallel.
 
     :param progress: show a progress bar (a string is its label).
-    :param checkpoint: save and resume the run here (:class:`~pyro_whvi.experiments.engine.Checkpoint`).
-    :param noise: ``"per_rank"`` or ``"per_example"`` (see :mod:`pyro_whvi.experiments.engine`).
+    :param checkpoint: save and resume the run here (:class:`~pyro_whvi.train.engine.Checkpoint`).
+    :param noise: ``"per_rank"`` or ``"per_example"`` (see :mod:`pyro_whvi.train.engine`).
     :param kl_weight: the KL term's weight (:class:`~pyro_whvi.infer.KLAnnealing`); 1 is the ELBO.
     :returns: the ELBO loss (negative ELBO estimate) of every step.
     """

@@ -10,7 +10,7 @@ folder's resolved path and a hash of the files the split is read from); a rerun 
 on the same data reads finished splits instead of training them again. The summary (mean and standard
 error over splits, :mod:`~pyro_whvi.experiments.uci_report`) goes to ``<out>/uci_<dataset>.{json,csv,md}``.
 With ``nproc > 1`` (or under ``torchrun``) each split is trained data-parallel
-(:mod:`pyro_whvi.experiments.engine`); a split's training state is checkpointed next to its result and a
+(:mod:`pyro_whvi.train.engine`); a split's training state is checkpointed next to its result and a
 rerun resumes it.
 
 Metrics (Monte-Carlo predictive with ``samples`` posterior draws): regression — test RMSE and MNLL
@@ -39,13 +39,13 @@ import torch.distributed as dist
 from tqdm.auto import tqdm
 
 from ..metrics import reliability_diagram
-from . import distributed
+from ..train import distributed
+from ..train.engine import Checkpoint
+from ..train.selection import holdout
 from .arguments import check_device
-from .engine import Checkpoint
 from .methods import MethodSpec, build_method, fit, parse_method, predictive_samples
 from .noisy_sets import NOISE_FILE, noise_floor, read_noise_std
 from .reporting import check_writable, save_tables, write_atomic
-from .selection import holdout
 from .uci_config import ENGINE_VERSION, UCIConfig
 from .uci_data import (
     BUNDLED_DATASETS,
@@ -161,7 +161,7 @@ def _predict(
 
 
 def validation_part(data: UCIData, fraction: float, seed: int) -> UCIData:
-    """``data`` with its training rows split by :func:`~pyro_whvi.experiments.selection.holdout`: a ``fraction``
+    """``data`` with its training rows split by :func:`~pyro_whvi.train.selection.holdout`: a ``fraction``
     of them in the place of the test rows, the rest to train on (the scaling is the full training rows')."""
     fit_rows, val_rows = holdout(len(data.y_train), fraction, seed)
     if len(val_rows) < 1 or len(fit_rows) < 2:
@@ -293,7 +293,7 @@ def run_uci(
     """Run every (method, split) of ``config`` not already finished in ``out``; write and return the summary.
 
     With ``config.nproc > 1`` the splits are trained data-parallel by that many processes started here
-    (:func:`pyro_whvi.experiments.distributed.launch`), or by the processes of the group this one already belongs to
+    (:func:`pyro_whvi.train.distributed.launch`), or by the processes of the group this one already belongs to
     (``torchrun``); the batch is split over them. Rank 0 writes every file; a split's training state is
     checkpointed every ``config.checkpoint_every`` steps to ``runs/<dataset>/<method>/split<k>.ckpt`` and a
     rerun resumes it.

@@ -164,7 +164,7 @@ def run_uci_command(args: argparse.Namespace) -> int:
 
     import torch
 
-    from . import distributed
+    from ..train import distributed
     from .reporting import check_writable
     from .uci import UCIConfig, check_source, check_validation, dataset_name, run_uci
 

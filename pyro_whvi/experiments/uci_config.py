@@ -7,8 +7,8 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 
+from ..train.schedule import shard_size
 from .methods import Schedule, parse_method
-from .schedule import shard_size
 
 __all__ = ["DEVICES", "ENGINE_VERSION", "UCI_PRESETS", "UCIConfig", "preset_settings"]
 
@@ -56,7 +56,7 @@ def preset_settings(preset: str, dataset: str, **overrides: int | float | None) 
 
 # Bumped when a method's construction changes, so that its stored splits are trained again.
 _VERSIONS = {name: 2 for name in ("whvi", "nf-whvi", "whvi+iblm", "nf-whvi+iblm")}
-# Bumped when the training loop changes every method's numbers. 2: pyro_whvi.experiments.engine (the noise scale's
+# Bumped when the training loop changes every method's numbers. 2: pyro_whvi.train.engine (the noise scale's
 # Adam state no longer starts from the gradient summed over the fixed-noise phase).
 ENGINE_VERSION = 2
 _NOT_FINGERPRINTED = ("methods", "splits", "checkpoint_every", "progress")

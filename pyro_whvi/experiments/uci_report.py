@@ -22,7 +22,7 @@ from .noisy_sets import noise_floor
 from .reporting import draw_reliability, summarize_by, write_atomic
 
 if TYPE_CHECKING:
-    from .uci import UCIConfig
+    from .uci_config import UCIConfig
     from .uci_data import UCIData
 
 __all__ = [

@@ -1,13 +1,13 @@
 """Inference: the structured guides (WHVI, VSD), the WHVI reparameterizer, lazy weights, KL annealing."""
 
 from .annealing import KLAnnealing
-from .autoguide import AutoWHVIGuide
 from .lazy_weight import LazyWeight, example_seeds, local_reparameterization
 from .model_transform import ModelModule, ModelTransform, remove_transform
-from .reparam import WHVIReparam, g_site_name
-from .vsd import EmpiricalBayesPrior, VSDPosterior, z_site_name
 from .vsd_guide import AutoVSDGuide, HouseholderVectors
+from .vsd_reparam import EmpiricalBayesPrior, VSDPosterior, z_site_name
 from .vsd_weight import VSDWeight
+from .whvi_guide import AutoWHVIGuide
+from .whvi_reparam import WHVIReparam, g_site_name
 from .whvi_weight import WHVIWeight
 
 __all__ = [

@@ -121,6 +121,11 @@ class StructuredAutoGuide(AutoNormal):
             )
         return sites
 
+    @property
+    def in_setup(self) -> bool:
+        """Whether the guide is tracing its prototype now (``TransformingGuide.in_setup``)."""
+        return self._in_setup
+
     def guide_site(self, weight_site: str) -> str:
         """The site this guide samples for a structured weight site (marked with ``GUIDE_KEY``)."""
         raise NotImplementedError

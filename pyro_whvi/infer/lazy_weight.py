@@ -28,7 +28,7 @@ drops. Switch it off to draw coherent functions (e.g. to plot sampled curves):
 **Seeded draws.** Inside :func:`example_seeds` the noise of example ``i`` is drawn from a generator
 seeded by the ``i``-th seed and the site's name, so that it does not depend on which other examples
 share the batch or the process: a batch split across data-parallel ranks draws exactly what one process
-drawing the whole batch would (:mod:`pyro_whvi.experiments.engine` uses it for world-size-independent runs).
+drawing the whole batch would (:mod:`pyro_whvi.train.engine` uses it for world-size-independent runs).
 
 VSD: :class:`~pyro_whvi.infer.vsd_weight.VSDWeight` is ``diag(xi) Theta`` (noise on the inputs of a linear
 layer, on the output channels of a convolution); ``F.linear`` multiplies the inputs by a fresh ``xi`` per example,

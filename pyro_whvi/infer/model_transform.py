@@ -33,6 +33,8 @@ from pyro.poutine.replay_messenger import ReplayMessenger
 from pyro.poutine.runtime import _PYRO_STACK
 from torch import nn
 
+from .guide_contract import TransformingGuide
+
 __all__ = ["GUIDE_KEY", "ModelModule", "ModelTransform", "SiteFilter", "remove_transform", "select_sites"]
 
 #: ``infer`` key with which a structured guide marks the sites it samples for a weight.
@@ -228,14 +230,13 @@ class _PostHook:
 class ModelTransform:
     """A structured guide's transformation of its model, installed on the model by forward hooks.
 
-    The guide provides ``structured_sites``, ``select_sites``, ``auxiliary_model_sites``,
-    ``replace_model_site``, ``model_site_shapes``, ``init_loc_fn`` and ``_in_setup``.
+    What it needs of the guide is :class:`~pyro_whvi.infer.guide_contract.TransformingGuide`, and nothing more.
 
     :param model: the user's ``nn.Module`` (a ``PyroModule`` model, or a :class:`ModelModule`).
     :param guide: the structured guide it belongs to.
     """
 
-    def __init__(self, model: nn.Module, guide):
+    def __init__(self, model: nn.Module, guide: TransformingGuide):
         self._guide = (guide,)  # a tuple, so that nn.Module does not register the guide twice
         if not isinstance(model, nn.Module):
             name = type(guide).__name__
@@ -298,7 +299,7 @@ class ModelTransform:
         guide = self._guide[0]
         if guide.structured_sites is None:
             self.select(args, kwargs)
-        if guide._in_setup:
+        if guide.in_setup:
             entry[0].enter_context(InitMessenger(guide.init_loc_fn))
         entry[1] = _StructuredSites(guide)
         entry[0].enter_context(entry[1])

@@ -11,7 +11,7 @@ mean-field Normal. Train with Pyro's own machinery::
     svi = SVI(model, guide, Adam({"lr": 1e-3}), Trace_ELBO())
 
 The guide transforms ``model`` in place, replacing the VSD sites' priors (see
-:mod:`pyro_whvi.infer.vsd` and :mod:`pyro_whvi.infer.model_transform`). In it ``F.linear`` multiplies each
+:mod:`pyro_whvi.infer.vsd_reparam` and :mod:`pyro_whvi.infer.model_transform`). In it ``F.linear`` multiplies each
 example's inputs by its own draw of :math:`\xi`, and ``F.conv2d`` each image's output channels: one
 draw per example, as dropout, and no noisy weight is formed.
 
@@ -46,7 +46,7 @@ from ._guide_utils import (
 )
 from .lazy_weight import local_reparameterization_enabled
 from .model_transform import GUIDE_KEY, SiteFilter
-from .vsd import (
+from .vsd_reparam import (
     EmpiricalBayesPrior,
     VSDPosterior,
     VSDSite,

@@ -37,7 +37,7 @@ regression's posterior (§4.2, App. D; see :mod:`pyro_whvi.init.assign` for each
     output layer cannot fit (test NLL 2.26 at step 0, 2 seeds, chance being 2.30); the geometric mean
     gives 1.86 at step 0 and 0.21 after 1,000 steps (3 seeds).
 
-  On the regression problem of ``tests/test_iblm.py`` and the digits networks this is the difference
+  On the regression problem of ``tests/init/test_iblm.py`` and the digits networks this is the difference
   between an init worse than predicting the mean (Algorithm 1's targets) and one close to a trained fit.
 
 References:

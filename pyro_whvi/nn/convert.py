@@ -15,8 +15,8 @@ import torch
 from torch import nn
 
 from ..distributions.whvi_projection import project_onto_whvi
-from ..infer.autoguide import PRESETS
 from ..infer.lazy_weight import check_example_dim
+from ..infer.whvi_guide import PRESETS
 from .base import ExecutionScope, VariationalLayer
 from .mean_field import MeanFieldLinear
 from .vsd import VSDConv2d, VSDLinear
@@ -135,7 +135,7 @@ def bayesian_(
     :param whvi_vectors: WHVI also takes the linear layers with one input or one output, as reshaped
         vectors (§2.5; the guide's ``expose="all"``), instead of making them mean-field.
     :param preset: ``"paper"``: the WHVI paper's experiments (§3.2), ``whvi_vectors=True`` and
-        ``mean_field_last_layer=True`` (as :data:`pyro_whvi.infer.autoguide.PRESETS`).
+        ``mean_field_last_layer=True`` (as :data:`pyro_whvi.infer.whvi_guide.PRESETS`).
     :param skip: names (as in ``named_modules()``) of layers to leave deterministic.
     :param keep_weights: start each posterior mean at the layer's current weight and bias (a
         pretrained network); otherwise the layers' own initialization (that of the structured guides).

@@ -7,7 +7,7 @@ are point estimates. Each example draws its own ``g`` and the product goes throu
 :math:`O(K D \log D)` per example, never forming ``W`` (eq. 6). The bias is a mean-field Normal.
 Defaults (``lambda = 1``, ``s = lambda^{-1/4}`` with random signs, ``mu`` a prior draw,
 ``sigma = 0.1 sqrt(lambda)``) are those of :class:`~pyro_whvi.AutoWHVIGuide`
-(:mod:`pyro_whvi.infer.reparam` says why).
+(:mod:`pyro_whvi.infer.whvi_reparam` says why).
 
 References:
     WHVI paper (Rossi et al., NeurIPS 2020), §2.2–2.3 (eq. 2–6), §3.3 (convolutions), App. D.1.
@@ -25,7 +25,7 @@ from torch.nn import functional as F
 from ..distributions import GaussianQG, WHVILayout, WHVINormal
 from ..distributions.qg_family import diagonal_normal_kl
 from ..distributions.whvi_matrix import whvi_weight
-from ..infer.reparam import init_whvi_scales, whvi_prior
+from ..infer.whvi_reparam import init_whvi_scales, whvi_prior
 from ..ops.shapes import stacked_whvi_conv2d, stacked_whvi_matvec
 from .base import VariationalLayer, softplus_inverse
 

@@ -7,7 +7,7 @@ ARD squared-exponential kernel, Gaussian noise, same initialization) trained wit
 and the same minibatch order, so the two libraries can check each other. TensorFlow and GPflow are
 the optional ``[baselines]`` extra and are imported only when a :class:`GPflowSVGP` is built.
 
-Two conventions follow the PyTorch loop (:func:`pyro_whvi.experiments.engine.optimize`): the loss is the
+Two conventions follow the PyTorch loop (:func:`pyro_whvi.train.engine.optimize`): the loss is the
 negative ELBO divided by ``N`` (Adam is not scale invariant through its epsilon), and during the fixed-noise
 steps the noise gets neither updates nor Adam state: it has an Adam of its own that starts counting when the
 noise starts learning, as PyTorch's per-parameter Adam state does.
@@ -37,7 +37,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from ...gp import check_regression_data
-from ..engine import Minibatches, Schedule
+from ...train.engine import Minibatches, Schedule
 from ..gp_regressors import GP_SCHEDULE, FitResult, GPInitialization, GPRegressor
 from .svgp import (
     NOISE_VARIANCE_LOWER_BOUND,

@@ -1,0 +1,48 @@
+"""The SVI-step benchmark script runs end to end, as a command, on a tiny sweep and writes its outputs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from ..helpers import ROOT, run_python
+
+SCRIPT = ROOT / "benchmarks" / "svi_step.py"
+
+
+@pytest.mark.slow
+def test_svi_step_benchmark_quick(tmp_path):
+    argv = [str(SCRIPT), "--quick", "--max-log2-d", "8", "--batch", "8", "--rounds", "1", "--min-run-time", "0.01"]
+    argv += ["--threads", "1", "--device", "cpu", "--out", str(tmp_path)]  # --device cpu: the default, explicit
+    result = run_python(f"import runpy, sys; sys.argv = {argv!r}; runpy.run_path(sys.argv[0], run_name='__main__')")
+    assert result.returncode == 0, result.stderr[-3000:]
+    for suffix in ("json", "csv", "md", "png"):
+        assert (tmp_path / f"svi_step_quick.{suffix}").is_file(), suffix
+    data = json.loads((tmp_path / "svi_step_quick.json").read_text())
+    assert data["meta"]["validation"] is False and data["meta"]["threads"] == 1
+    assert data["meta"]["device"] == "CPU, 1 threads"
+    rows = {row["D"]: row for row in data["results"]}
+    assert sorted(rows) == [128, 256]
+    for size, row in rows.items():
+        assert row["batch"] == 8
+        cases = ("plain", "plain_compiled", "layers", "layers_compiled", "autonormal", "whvi")
+        assert {f"{case}_ms_per_step" for case in cases} <= set(row), sorted(row)
+        assert row["layers_over_plain"] == pytest.approx(row["layers_ms_per_step"] / row["plain_ms_per_step"])
+        assert row["whvi_over_autonormal"] == pytest.approx(row["whvi_ms_per_step"] / row["autonormal_ms_per_step"])
+        # AutoNormal: a loc and a scale per weight and bias of the [D, D, D, 1] network.
+        assert row["autonormal_params"] == 2 * (2 * size * size + 3 * size + 1)
+        assert 0 < row["whvi_params"] < row["autonormal_params"]
+        # The layers: the guide's WHVI and mean-field parameters, plus the learned noise scale (a point estimate).
+        assert row["layers_params"] == row["whvi_params"] + 1
+    assert "| D | plain PyTorch | plain PyTorch, compiled |" in (tmp_path / "svi_step_quick.md").read_text()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error of a machine without CUDA")
+def test_svi_step_benchmark_device_cuda_without_cuda_is_a_clear_error(tmp_path):
+    argv = [str(SCRIPT), "--device", "cuda", "--out", str(tmp_path)]
+    result = run_python(f"import runpy, sys; sys.argv = {argv!r}; runpy.run_path(sys.argv[0], run_name='__main__')")
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert "error: --device cuda: PyTorch sees no CUDA GPU here" in result.stderr and "--device cpu" in result.stderr
+    assert not list(tmp_path.iterdir())

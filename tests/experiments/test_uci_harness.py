@@ -1,0 +1,503 @@
+"""The UCI harness (``pyro_whvi.experiments.uci``) and the method registry
+(``pyro_whvi.experiments.methods``): every method through Pyro's SVI, the two-phase noise schedule, metrics
+against direct computations, resuming."""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from dataclasses import replace
+
+import pyro
+import pytest
+import torch
+
+from pyro_whvi.data import load_uci_split
+from pyro_whvi.experiments.methods import BASE_METHODS, Schedule, build_method, fit, parse_method, predictive_samples
+from pyro_whvi.experiments.uci import UCIConfig, load_dataset_split, parse_splits, run_uci, summarize
+from pyro_whvi.metrics import mean_and_standard_error
+
+from ..helpers import run_python, write_uci
+
+ALL_METHODS = [*BASE_METHODS, *(f"{m}+iblm" for m in BASE_METHODS if m != "mcd")]
+
+
+def test_method_names_parse_with_specific_errors():
+    assert parse_method("whvi+iblm").base == "whvi" and parse_method("whvi+iblm").iblm
+    assert parse_method("vsd").name == "vsd"
+    with pytest.raises(ValueError, match=r"unknown method 'bbb'.*mfg, mcd, whvi"):
+        parse_method("bbb")
+    with pytest.raises(ValueError, match="MC dropout has none"):
+        parse_method("mcd+iblm")
+    assert parse_splits("0-2,5") == (0, 1, 2, 5)
+    for bad in ("", "a-b", "-1"):
+        with pytest.raises(ValueError, match="splits must look like"):
+            parse_splits(bad)
+    with pytest.raises(ValueError, match="Schedule: steps"):
+        Schedule(steps=0)
+
+
+@pytest.mark.parametrize("method", ALL_METHODS)
+def test_every_method_trains_with_svi_and_predicts(method):
+    x = torch.randn(40, 3)
+    y = x[:, 0] - x[:, 1]
+    model, guide = build_method(method, [3, 8, 8, 1])
+    losses = fit(method, model, guide, x, y, Schedule(steps=30, fixed_noise_steps=5, batch_size=16), progress=False)
+    assert len(losses) == 30 and all(math.isfinite(v) for v in losses)
+    f = predictive_samples(model, guide, x[:7], num_samples=5)
+    assert f.shape == (5, 7) and torch.isfinite(f).all()
+    assert f.std(0).mean() > 0  # predictions vary across posterior (or dropout) samples
+
+
+@pytest.mark.parametrize("method", ["whvi", "mcd", "vsd+iblm", "mfg+iblm"])
+def test_classification_methods_predict_logits(method):
+    x = torch.randn(30, 4)
+    y = (x[:, 0] > 0).long()
+    model, guide = build_method(method, [4, 8, 2], likelihood="categorical")
+    fit(method, model, guide, x, y, Schedule(steps=5, batch_size=None), progress=False)
+    logits = predictive_samples(model, guide, x, 3)
+    assert logits.shape == (3, 30, 2) and torch.isfinite(logits).all()
+
+
+def test_noise_is_fixed_in_the_first_phase_then_learned():
+    x = torch.randn(50, 2)
+    y = 3 * x[:, 0]
+    model, guide = build_method("mfg", [2, 8, 1], noise_scale=0.1)
+    fit("mfg", model, guide, x, y, Schedule(steps=20, fixed_noise_steps=20), progress=False)
+    assert float(pyro.param("noise_scale").detach()) == pytest.approx(0.1, abs=1e-12)
+    fit("mfg", model, guide, x, y, Schedule(steps=20, fixed_noise_steps=0, lr=0.05), progress=False)
+    assert float(pyro.param("noise_scale").detach()) > 0.11  # a poor fit of y = 3 x_0 pushes the noise up
+
+
+def test_mean_and_standard_error():
+    mean, se = mean_and_standard_error([1.0, 2.0, 4.0])
+    assert mean == pytest.approx(7 / 3) and se == pytest.approx(statistics.stdev([1, 2, 4]) / math.sqrt(3))
+    assert mean_and_standard_error([5.0]) == (5.0, 0.0)
+    with pytest.raises(ValueError, match="no values"):
+        mean_and_standard_error([])
+
+
+def test_summary_is_mean_and_standard_error():
+    rows = [
+        {"method": "a", "variational_parameters": 3, "rmse": v, "mnll": 2 * v, "train_seconds": 1.0} for v in (1, 2, 4)
+    ]
+    (entry,) = summarize(rows, ("a",))
+    assert entry["rmse"] == pytest.approx(7 / 3)
+    assert entry["rmse_se"] == pytest.approx(torch.tensor([1.0, 2, 4]).std().item() / math.sqrt(3))
+    assert entry["mnll"] == pytest.approx(14 / 3) and entry["splits"] == 3
+
+
+def test_harness_reports_original_units_and_resumes(tmp_path):
+    directory = tmp_path / "toyset"
+    write_uci(directory, rows=60)
+    config = UCIConfig(
+        methods=("mcd", "whvi"),
+        splits=(0, 1),
+        schedule=Schedule(steps=40, batch_size=16),
+        hidden=8,
+        samples=4,
+        progress=False,
+    )
+    summary, text = run_uci(directory, config, tmp_path / "out")
+    assert [e["method"] for e in summary] == ["mcd", "whvi"] and "| whvi | 2 |" in text
+    saved = json.loads((tmp_path / "out" / "uci_toyset.json").read_text())
+    rows = saved["meta"]["splits"]
+    assert sorted((r["method"], r["split"]) for r in rows) == [("mcd", 0), ("mcd", 1), ("whvi", 0), ("whvi", 1)]
+    split = load_uci_split(directory, 0)
+    assert rows[0]["noise_scale"] == pytest.approx(0.1 * split.y_std, rel=0.5)  # 40 steps barely move it
+    run_file = tmp_path / "out" / "runs" / "toyset" / "whvi" / "split1.json"
+    stored = json.loads(run_file.read_text())
+    stored["row"]["rmse"] = 123.0  # a finished split is read back, not trained again
+    run_file.write_text(json.dumps(stored))
+    summary, _ = run_uci(directory, config, tmp_path / "out")
+    assert summary[1]["rmse"] > 60
+    changed = UCIConfig(
+        methods=("whvi",), splits=(1,), schedule=Schedule(steps=41, batch_size=16), hidden=8, samples=4, progress=False
+    )
+    summary, _ = run_uci(directory, changed, tmp_path / "out")  # other settings: trained again
+    assert summary[0]["rmse"] < 60
+
+
+def test_raw_targets_train_in_original_units_and_keep_stored_results_valid(tmp_path):
+    """``standardize_targets=False`` (``--raw-targets``, the WHVI paper's choice) feeds the targets in their
+    original units and is its own fingerprint; the default's fingerprint is the one computed before the setting
+    existed (the hash below), so results stored then are still read back."""
+    standardized = load_dataset_split("diabetes", 0)
+    raw = load_dataset_split("diabetes", 0, standardize_targets=False)
+    assert raw.y_scale == 1.0 and torch.equal(raw.x_train, standardized.x_train)
+    for z, y in ((standardized.y_train, raw.y_train), (standardized.y_test, raw.y_test)):
+        torch.testing.assert_close((y - raw.y_train.mean()) / standardized.y_scale, z, rtol=0, atol=1e-5)
+    assert raw.y_train.std() > 50  # diabetes' progression score, not a standardized one
+    assert UCIConfig().fingerprint("whvi", "k") == "d1942b1a6ea48c04"
+    assert UCIConfig(standardize_targets=False).fingerprint("whvi", "k") != "d1942b1a6ea48c04"
+    from pyro_whvi.experiments.cli import main
+
+    args = ["uci", "--dataset", "diabetes", "--methods", "mfg", "--splits", "0", "--steps", "3", "--samples", "4"]
+    assert main([*args, "--raw-targets", "--noise-scale", "0.5", "--out", str(tmp_path)]) == 0
+    assert "raw targets" in (tmp_path / "uci_diabetes.md").read_text()
+    # 3 steps are all in the fixed-noise phase: the noise is still its initial value, in the raw units
+    row = json.loads((tmp_path / "runs" / "diabetes" / "mfg" / "split0.json").read_text())["row"]
+    assert row["noise_scale"] == pytest.approx(0.5)
+
+
+def test_kl_weight_tempers_the_objective_of_every_method_and_keeps_stored_results_valid(tmp_path):
+    """``kl_weight`` (``--kl-weight``) reaches the loss that trains each method: with the same seed the first
+    step draws the same noise whatever the weight, so its loss is exactly ``A + w KL`` in ``w``. The default's
+    fingerprint is the one from before the setting existed."""
+    from pyro_whvi.experiments.uci import run_split
+
+    assert UCIConfig(kl_weight=1.0).fingerprint("whvi", "k") == "d1942b1a6ea48c04"
+    assert UCIConfig(kl_weight=0.5).fingerprint("whvi", "k") != "d1942b1a6ea48c04"
+    # The same for the schedule's cool-down: none is the fingerprint from before it existed.
+    assert UCIConfig(schedule=Schedule(cooldown=0.0)).fingerprint("whvi", "k") == "d1942b1a6ea48c04"
+    assert UCIConfig(schedule=Schedule(cooldown=0.2)).fingerprint("whvi", "k") != "d1942b1a6ea48c04"
+    with pytest.raises(ValueError, match="kl_weight > 0"):
+        UCIConfig(kl_weight=0.0)
+    for method in ("whvi", "mcd", "mfg"):
+        loss = {}
+        for weight in (1.0, 0.5, 0.25):
+            config = UCIConfig(
+                methods=(method,), splits=(0,), schedule=Schedule(steps=1, batch_size=16), hidden=8, samples=4,
+                kl_weight=weight, progress=False,
+            )  # fmt: skip
+            loss[weight] = run_split("diabetes", parse_method(method), 0, config)[0]["final_loss"]
+        kl = 2 * (loss[1.0] - loss[0.5])
+        assert abs(kl) > 1.0, (method, loss)  # the latent part of the loss is not negligible here
+        # float32 sums of a few thousand terms: agreement to 1e-5 of the loss
+        assert loss[0.25] == pytest.approx(loss[0.5] - kl / 4, rel=1e-5, abs=1e-5 * abs(loss[1.0])), (method, loss)
+    from pyro_whvi.experiments.cli import main
+
+    args = ["uci", "--dataset", "diabetes", "--methods", "whvi", "--splits", "0", "--steps", "2", "--samples", "4"]
+    assert main([*args, "--hidden", "8", "--kl-weight", "0.1", "--out", str(tmp_path)]) == 0
+    assert "KL weight 0.1 (tempered)" in (tmp_path / "uci_diabetes.md").read_text()
+    assert main([*args, "--hidden", "8", "--cooldown", "0.5", "--out", str(tmp_path / "cooled")]) == 0
+    assert "lr 0.001 cooled down over the last 50% of steps" in (tmp_path / "cooled" / "uci_diabetes.md").read_text()
+    stored = json.loads((tmp_path / "cooled" / "uci_diabetes.json").read_text())["meta"]["config"]["schedule"]
+    assert stored["cooldown"] == 0.5
+
+
+def test_several_kl_weights_are_chosen_on_validation_rows_then_trained_on_all(tmp_path, monkeypatch, capsys):
+    """``--kl-weight 1,0.01``: each candidate is trained on the fit part of the training rows and scored on the
+    held-out rest (the scores are those of training that candidate directly); the lowest validation MNLL wins
+    (a NaN never does) and the split is trained on all its training rows with it. Finished candidates are read
+    back, not trained again."""
+    from pyro_whvi.experiments import uci
+    from pyro_whvi.experiments.uci_report import evaluate
+
+    schedule = Schedule(steps=20, fixed_noise_steps=0, batch_size=16, lr=0.05)
+    config = UCIConfig(
+        methods=("mfg",), splits=(0,), schedule=schedule, hidden=8, samples=4, kl_weight=(1.0, 0.01),
+        val_fraction=0.25, progress=False,
+    )  # fmt: skip
+    mfg = parse_method("mfg")
+    data = load_dataset_split("diabetes", 0)
+    part = uci.validation_part(data, 0.25, config.seed)
+    assert len(part.y_test) == round(0.25 * len(data.y_train)) and len(part.y_train) + len(part.y_test) == len(
+        data.y_train
+    )
+    rows = {tuple(r.tolist()) for r in torch.cat([part.x_train, part.x_test])}
+    assert rows == {tuple(r.tolist()) for r in data.x_train}  # a partition of the training rows, no test row
+    expected = {}
+    for weight in (1.0, 0.01):
+        trained = uci.train_split("diabetes", mfg, 0, config, kl_weight=weight, data=part)
+        f = predictive_samples(trained.model, trained.guide, part.x_test, config.samples)
+        expected[repr(weight)] = evaluate(part, f, trained.model.noise_scale.detach())["mnll"]
+    assert abs(expected["1.0"] - expected["0.01"]) > 1e-3  # the weight matters here: the choice is not a tie
+    store = tmp_path / "split0.validation.json"
+    best, scores, _ = uci.choose_kl_weight("diabetes", mfg, 0, config, store)
+    assert scores == pytest.approx(expected, rel=1e-6) and repr(best) == min(expected, key=expected.__getitem__)
+    # The stored scores decide without training: the lowest wins, a NaN never.
+    monkeypatch.setattr(uci, "train_split", lambda *args, **kwargs: pytest.fail("trained a finished candidate"))
+    stored = json.loads(store.read_text())
+    cases = [
+        ({"1.0": 5.0, "0.01": 3.0}, 0.01),
+        ({"1.0": 2.0, "0.01": 3.0}, 1.0),
+        ({"1.0": math.nan, "0.01": 9.0}, 0.01),
+    ]
+    for given, winner in cases:
+        store.write_text(json.dumps({**stored, "scores": given}))
+        assert uci.choose_kl_weight("diabetes", mfg, 0, config, store)[0] == winner
+    monkeypatch.undo()
+    with pytest.raises(ValueError, match="pass the one to train with as kl_weight"):
+        uci.train_split("diabetes", mfg, 0, config)
+    run_uci("diabetes", config, tmp_path)
+    saved = json.loads((tmp_path / "runs" / "diabetes" / "mfg" / "split0.json").read_text())["row"]
+    assert saved["kl_weight"] == best and saved["validation_scores"] == pytest.approx(scores, rel=1e-6)
+    assert saved["train_seconds"] >= saved["selection_seconds"] > 0
+    losses = {w: uci.train_split("diabetes", mfg, 0, config, kl_weight=w).losses for w in (1.0, 0.01)}
+    assert saved["final_loss"] == pytest.approx(sum(losses[best]) / len(losses[best]), rel=1e-6)
+    assert not list((tmp_path / "runs").rglob("*.validation.json")) and not list((tmp_path / "runs").rglob("*.ckpt"))
+    text = (tmp_path / "uci_diabetes.md").read_text()
+    assert "KL weight chosen from 1, 0.01 on 25% of each split's training rows" in text
+    assert f"KL weight chosen per split on validation: mfg: {best:g}" in text
+    # A chosen weight that is not the first is the one the split trains with.
+    other = 1.0 if best == 0.01 else 0.01
+    monkeypatch.setattr(uci, "choose_kl_weight", lambda *args: (other, {}, 0.0))
+    row = uci.run_split("diabetes", mfg, 0, config)[0]
+    assert row["kl_weight"] == other and row["final_loss"] == pytest.approx(sum(losses[other]) / 20, rel=1e-6)
+    # One weight is a number, with the fingerprint it had before candidates existed; several need one process.
+    assert UCIConfig(kl_weight=(0.5,)).kl_weight == 0.5 and UCIConfig(kl_weight=(0.5,)).fingerprint("whvi") == (
+        UCIConfig(kl_weight=0.5, val_fraction=0.3).fingerprint("whvi")
+    )
+    assert UCIConfig(kl_weight=[1, 0.5]).kl_weight == (1.0, 0.5)  # as the results' JSON stores them
+    assert config.fingerprint("mfg") != replace(config, val_fraction=0.3).fingerprint("mfg")
+    with pytest.raises(ValueError, match="give nproc 1, or one kl_weight"):
+        replace(config, nproc=2)
+    with pytest.raises(ValueError, match="val_fraction in"):
+        replace(config, val_fraction=1.0)
+    from pyro_whvi.experiments.cli import main
+
+    args = ["uci", "--dataset", "diabetes", "--splits", "0", "--out", str(tmp_path / "cli")]
+    few = "--val-fraction) 0.001 of 398 training rows leaves 398 to train on and 0 to validate"
+    for bad, message in (
+        (["--cooldown", "1"], "--cooldown: a fraction of the steps in [0, 1)"),
+        (["--kl-weight", "1,-0.1"], "--kl-weight"),
+        (["--kl-weight", "1,0.1", "--val-fraction", "0.001"], few),
+    ):
+        with pytest.raises(SystemExit) as exit_code:
+            main([*args, *bad])
+        assert exit_code.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_bundled_sets_load_for_both_tasks():
+    diabetes = load_dataset_split("diabetes", 0)
+    assert diabetes.task == "regression" and diabetes.y_scale > 1
+    digits = load_dataset_split("digits", 1)
+    assert digits.task == "classification" and digits.num_classes == 10
+    cancer = load_dataset_split("breast_cancer", 0)
+    assert cancer.num_classes == 2 and cancer.x_train.shape[1] == 30
+
+
+@pytest.mark.slow
+def test_cli_uci_on_a_bundled_classification_set(tmp_path):
+    code = (
+        "import sys; from pyro_whvi.experiments.cli import main; "
+        f"sys.exit(main(['uci', '--dataset', 'breast_cancer', '--methods', 'whvi,mfg', '--splits', '0', "
+        f"'--steps', '20', '--hidden', '8', '--samples', '4', '--out', {str(tmp_path)!r}]))"
+    )
+    result = run_python(code)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "test ECE" in result.stdout and (tmp_path / "uci_breast_cancer.csv").is_file()
+    assert (tmp_path / "uci_breast_cancer_reliability.png").is_file()
+    for args, message in (
+        (["uci", "--data-dir", str(tmp_path / "missing")], "is not a UCI split directory"),
+        (["uci", "--methods", "mcd+iblm"], "MC dropout has none"),
+        (["uci", "--splits", "x"], "splits must look like"),
+        (["bench", "nope"], "unknown benchmarks ['nope']"),
+    ):
+        result = run_python(f"import sys; from pyro_whvi.experiments.cli import main; sys.exit(main({args!r}))")
+        assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
+
+
+def load_summary_script():
+    import importlib.util
+
+    from ..helpers import ROOT
+
+    spec = importlib.util.spec_from_file_location("uci_summary", ROOT / "benchmarks" / "uci_summary.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_uci_summary_script_compares_with_the_paper(tmp_path):
+    directory = tmp_path / "yacht"  # a stand-in with the name of a Table 3 dataset
+    write_uci(directory, rows=40)
+    config = UCIConfig(
+        methods=("mfg", "whvi"), splits=(0, 1), schedule=Schedule(steps=5), hidden=8, samples=4, progress=False
+    )
+    run_uci(directory, config, tmp_path)
+    module = load_summary_script()
+    module.main(["--results", str(tmp_path), "--datasets", "yacht"])
+    text = (tmp_path / "uci_summary.md").read_text()
+    assert "| yacht | whvi | 2 |" in text and "0.69 (0.16)" in text and "below MFG's" in text
+    assert "no MC dropout row" in text
+    assert (tmp_path / "uci_summary.png").is_file()
+    summary = {e["method"]: e for e in json.loads((tmp_path / "uci_yacht.json").read_text())["results"]}
+    verdict = module.checks("yacht", summary)
+    assert verdict["rmse_ok"] == (summary["whvi"]["rmse"] <= 0.69 + 0.16)
+    assert verdict["mnll_below_paper"] == (summary["whvi"]["mnll"] < 1.80)
+    assert verdict["mnll_below_mfg"] == (summary["whvi"]["mnll"] < summary["mfg"]["mnll"])
+    assert verdict["at_or_below_mcd"] is None
+    # Against an MC dropout row, each WHVI variant is compared on its own; other methods are not listed.
+    row = {"rmse": 1.0, "rmse_se": 0.1, "mnll": 1.0, "mnll_se": 0.1}
+    rows = {"whvi": {**row, "rmse": 0.84, "mnll": 1.2}, "nf-whvi": {**row, "mnll": 0.9}, "mfg": {**row, "mnll": 0.5}}
+    verdict = module.checks("yacht", {**rows, "whvi+iblm": row, "whvi-full": {**row, "mnll": 1.01}, "mcd": row})
+    assert verdict["at_or_below_mcd"] == ["nf-whvi", "whvi+iblm"]
+    verdict = module.checks("yacht", {**rows, "whvi-lowrank": {**row, "mnll": 0.99}, "mcd": row})
+    assert verdict["at_or_below_mcd"] == ["nf-whvi", "whvi-lowrank"]
+    assert verdict["rmse_ok"] and verdict["mnll_below_paper"] and not verdict["mnll_below_mfg"]
+    assert module.checks("concrete", {"mcd": row, "whvi": {**row, "rmse": 5.43}})["rmse_ok"] is False
+    # A second folder with WHVI at another step count: its row wins, MFG's comes from the first run.
+    longer = tmp_path / "longer"
+    run_uci(directory, replace(config, methods=("whvi",), schedule=Schedule(steps=7)), longer)
+    module.main(["--results", str(longer), "--results", str(tmp_path), "--datasets", "yacht"])
+    text = (longer / "uci_summary.md").read_text()
+    assert "| yacht | whvi | 2 | 7 |" in text and "| yacht | mfg | 2 | 5 |" in text
+    assert "Against the known noise floor" not in text and "floor" not in (longer / "uci_summary.md").read_text()
+    # A tempered run (--kl-weight) is its own row, never the paper's WHVI nor a variant in the MC dropout check.
+    tempered = tmp_path / "tempered"
+    run_uci(directory, replace(config, methods=("whvi",), kl_weight=0.1), tempered)
+    module.main(["--results", str(tempered), "--results", str(tmp_path), "--datasets", "yacht"])
+    text = (tempered / "uci_summary.md").read_text()
+    assert "| yacht | whvi (KL 0.1) | 2 | 5 |" in text and "| yacht | whvi | 2 | 5 |" in text
+    merged = module.load([tempered, tmp_path], "yacht")
+    assert merged["whvi"]["mnll"] == summary["whvi"]["mnll"] and "whvi (KL 0.1)" in merged
+    assert module.checks("yacht", {**merged, "mcd": {**row, "mnll": 1e6}})["at_or_below_mcd"] == ["whvi"]
+    # A weight chosen on validation rows is its own row too, and a WHVI variant: no test score chose it.
+    chosen = tmp_path / "chosen"
+    run_uci(directory, replace(config, methods=("whvi",), splits=(0,), kl_weight=(1.0, 0.1)), chosen)
+    merged = module.load([chosen, tmp_path], "yacht")
+    assert "whvi (KL from 1,0.1)" in merged and merged["whvi"]["mnll"] == summary["whvi"]["mnll"]
+    mcd = {**row, "mnll": 1e6, "split_mnll": {0: 1e6, 1: 1e6}}
+    verdict = module.checks("yacht", {**merged, "mcd": mcd})
+    assert sorted(verdict["at_or_below_mcd"]) == ["whvi", "whvi (KL from 1,0.1) (splits 0)"]
+    # A row run on fewer splits is compared over those splits only: below MC dropout's mean of all splits is not
+    # enough when MC dropout is lower on the splits they share.
+    chosen_mnll = merged["whvi (KL from 1,0.1)"]["mnll"]
+    mcd = {**row, "mnll": chosen_mnll + 1, "split_mnll": {0: chosen_mnll - 1, 1: chosen_mnll + 3}}
+    assert "whvi (KL from 1,0.1)" not in " ".join(module.checks("yacht", {**merged, "mcd": mcd})["at_or_below_mcd"])
+    assert module.checks("yacht", {**merged, "mcd": mcd})["at_or_below_mcd_same_choice"] is None
+    # MC dropout given the same choice is a second reference for the chosen rows, and only for them.
+    chosen_mcd = tmp_path / "chosen_mcd"
+    run_uci(directory, replace(config, methods=("mcd",), splits=(0,), kl_weight=(1.0, 0.1)), chosen_mcd)
+    merged = module.load([chosen, chosen_mcd, tmp_path], "yacht")
+    tuned = merged["mcd (KL from 1,0.1)"]
+    assert (
+        tuned["split_mnll"].keys() == {0}
+        and "mcd (KL from 1,0.1)" not in module.checks("yacht", merged)["at_or_below_mcd_same_choice"]
+    )
+    for offset, expected in ((1.0, ["whvi (KL from 1,0.1)"]), (-1.0, []), (0.0, ["whvi (KL from 1,0.1)"])):
+        shifted = {**tuned, "mnll": chosen_mnll + offset, "split_mnll": {0: chosen_mnll + offset}}
+        verdict = module.checks("yacht", {**merged, "mcd (KL from 1,0.1)": shifted})
+        assert verdict["at_or_below_mcd_same_choice"] == expected
+    other = {k: v for k, v in merged.items() if k != "mcd (KL from 1,0.1)"}
+    assert module.checks("yacht", {**other, "mcd (KL from 1,0.3)": tuned})["at_or_below_mcd_same_choice"] is None
+    module.main(["--results", str(chosen), "--results", str(chosen_mcd), "--datasets", "yacht"])
+    text = (chosen / "uci_summary.md").read_text()
+    assert "| yacht | mcd (KL from 1,0.1) | 1 |" in text and "for MC dropout too: " in text
+
+
+def test_uci_summary_script_reports_the_noise_floor(tmp_path):
+    """On a set with a known sigma the summary adds each method's distance to the floor, the JSON's own numbers,
+    and names the methods that pass issue 28's check (MNLL within 0.1 nats, noise within 10% of sigma)."""
+    from pyro_whvi.experiments.noisy_sets import write_noisy_set
+
+    write_noisy_set("otlcircuit", tmp_path / "otl", num_points=60, splits=2)
+    config = UCIConfig(
+        methods=("whvi", "mcd"), splits=(0, 1), schedule=Schedule(steps=5), hidden=8, samples=4, progress=False
+    )
+    run_uci(tmp_path / "otl", config, tmp_path)
+    module = load_summary_script()
+    module.main(["--results", str(tmp_path), "--datasets", "otl"])
+    text = (tmp_path / "uci_summary.md").read_text()
+    rows = {e["method"]: e for e in json.loads((tmp_path / "uci_otl.json").read_text())["results"]}
+    whvi = rows["whvi"]
+    cells = " | ".join(f"{whvi[m]:.3f} ± {whvi[m + '_se']:.3f}" for m in ("mnll_gap", "rmse_ratio", "noise_ratio"))
+    assert f"| otl | whvi | 2 | 5 | {whvi['parameters']:,} | {cells} |" in text
+    assert "Paper: Table 3" not in text and "paper std" not in text and "within 0.1 nats of the floor" in text
+    assert (tmp_path / "uci_summary.png").is_file()
+    # The check itself, on rows placed on either side of each bound.
+    at = {"mnll": 0.0, "mnll_gap": 0.1, "noise_ratio": 0.9, "rmse_ratio": 1.0}
+    summary = {
+        "whvi": at,
+        "nf-whvi": {**at, "mnll_gap": 0.11},
+        "mfg": {**at, "noise_ratio": 1.11},
+        "whvi-full": {**at, "mnll_gap": -0.01, "noise_ratio": 1.099},
+        "mcd": {**at, "noise_ratio": 0.89},
+    }
+    assert module.checks("otl", summary)["at_floor"] == ["whvi", "whvi-full"]
+    assert module.checks("otl", {"whvi": {"mnll": 0.0}})["at_floor"] is None
+
+
+def test_whvi_method_is_the_papers_set_up():
+    _, guide = build_method("whvi", [3, 8, 8, 1])
+    guide(torch.randn(4, 3), torch.randn(4))
+    whvi_sites = set(guide.structured_sites)
+    # every weight and bias under WHVI except the last layer's (mean-field, WHVI paper §3.2)
+    assert {"layers.0.weight", "layers.0.bias", "layers.1.weight", "layers.1.bias"} <= whvi_sites
+    assert "layers.2.weight" not in whvi_sites and "layers.2.bias" not in whvi_sites
+
+
+def test_presets_are_whole_protocols(tmp_path):
+    """Table 3 (2x128, lr 1e-3, 50,500 steps) is the harness's default; Table 6 (App. D.2) is 1x50, 1x100 for
+    protein; ``wide`` is 2x1024 at lr 3e-3; explicit --hidden/--layers/--steps/--lr win over the preset; the run's
+    table names the network and schedule it trained."""
+    from pyro_whvi.experiments.cli import main
+    from pyro_whvi.experiments.uci_config import UCI_PRESETS, UCIConfig, preset_settings
+
+    defaults = UCIConfig()
+    table3 = UCI_PRESETS["table3"]
+    assert {k: table3[k] for k in ("layers", "hidden")} == {"layers": defaults.layers, "hidden": 128}
+    assert table3["steps"] == 50_500 and table3["lr"] == defaults.schedule.lr
+    assert preset_settings("table6", "concrete") == {"layers": 1, "hidden": 50, "steps": 50_500, "lr": 1e-3}
+    assert preset_settings("table6", "protein-tertiary-structure")["hidden"] == 100
+    assert preset_settings("table6", "yacht", hidden=20)["hidden"] == 20
+    assert preset_settings("table3", "protein", layers=3, steps=10) == {
+        "layers": 3,
+        "hidden": 128,
+        "steps": 10,
+        "lr": 1e-3,
+    }
+    assert preset_settings("wide", "yacht", lr=None) == {"layers": 2, "hidden": 1024, "steps": 50_500, "lr": 3e-3}
+    with pytest.raises(ValueError, match="--preset: choose from table3, table6, wide"):
+        preset_settings("table9", "yacht")
+    with pytest.raises(TypeError, match="unknown settings"):
+        preset_settings("table3", "yacht", width=3)
+    # The whole UCIConfig from a preset: the schedule's other fields keep their defaults unless given.
+    config = UCIConfig.from_preset("wide", "yacht", steps=7, batch_size=32, methods=("whvi",), seed=3)
+    assert (config.hidden, config.layers, config.methods, config.seed) == (1024, 2, ("whvi",), 3)
+    assert config.schedule == replace(defaults.schedule, steps=7, lr=3e-3, batch_size=32)
+    args = ["uci", "--dataset", "diabetes", "--preset", "table6", "--methods", "mfg", "--splits", "0"]
+    assert main([*args, "--steps", "3", "--samples", "4", "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "uci_diabetes.md").read_text().startswith("### diabetes: 1x50 ReLU, 3 steps")
+    wide = tmp_path / "wide"
+    args = ["uci", "--dataset", "diabetes", "--preset", "wide", "--methods", "whvi", "--splits", "0", "--steps", "3"]
+    assert main([*args, "--samples", "4", "--out", str(wide)]) == 0
+    assert "2x1024 ReLU, 3 steps" in (wide / "uci_diabetes.md").read_text()
+    assert "lr 0.003" in (wide / "uci_diabetes.md").read_text()
+
+
+def test_device_flag_cpu_is_the_default_bit_for_bit_and_keeps_stored_results_valid(tmp_path):
+    """``--device cpu`` (issue 52) trains exactly what the default does; at ``"cpu"`` the device stays out of the
+    fingerprint (the hash from before the setting existed), so stored CPU results are read back; a CUDA run has
+    its own; CUDA trains in one process."""
+    from pyro_whvi.experiments.cli import main
+
+    assert UCIConfig(device="cpu").fingerprint("whvi", "k") == "d1942b1a6ea48c04"
+    assert UCIConfig(device="cuda").fingerprint("whvi", "k") != "d1942b1a6ea48c04"
+    with pytest.raises(ValueError, match="device must be one of cpu, cuda"):
+        UCIConfig(device="tpu")
+    with pytest.raises(ValueError, match="trains in one process"):
+        UCIConfig(device="cuda", nproc=2)
+    args = ["uci", "--dataset", "diabetes", "--methods", "whvi,mfg", "--splits", "0", "--steps", "5", "--samples", "4"]
+    args += ["--hidden", "8"]
+    assert main([*args, "--out", str(tmp_path / "default")]) == 0
+    assert main([*args, "--device", "cpu", "--out", str(tmp_path / "cpu")]) == 0
+    for method in ("whvi", "mfg"):
+        default, cpu = (
+            json.loads((tmp_path / run / "runs" / "diabetes" / method / "split0.json").read_text())
+            for run in ("default", "cpu")
+        )
+        assert default["fingerprint"] == cpu["fingerprint"]
+        drop = ("train_seconds",)
+        assert {k: v for k, v in default["row"].items() if k not in drop} == {
+            k: v for k, v in cpu["row"].items() if k not in drop
+        }
+    assert "trained on" not in (tmp_path / "cpu" / "uci_diabetes.md").read_text()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error of a machine without CUDA")
+def test_device_cuda_without_cuda_is_a_one_line_error(tmp_path):
+    code = (
+        "import sys; from pyro_whvi.experiments.cli import main; "
+        f"sys.exit(main(['uci', '--device', 'cuda', '--steps', '2', '--out', {str(tmp_path)!r}]))"
+    )
+    result = run_python(code)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert "whvi uci: error: --device cuda: PyTorch sees no CUDA GPU here" in result.stderr
+    assert "--device cpu" in result.stderr and not (tmp_path / "runs").exists()
+    with pytest.raises(ValueError, match="device cuda: PyTorch sees no CUDA GPU"):
+        run_uci("diabetes", UCIConfig(device="cuda", splits=(0,), progress=False), tmp_path)

@@ -1,0 +1,222 @@
+"""The compiled-kernel build never hangs and never silently skips a usable cache (pyro_whvi.ops.build),
+and a garbage ``$PYRO_WHVI_BACKEND`` is a one-line error.
+
+Every build runs in a subprocess with its own ``$TORCH_EXTENSIONS_DIR``; one real build (module
+fixture) is copied for the tests that need a cached build.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from ..helpers import ROOT
+
+pytestmark = pytest.mark.slow  # real compiler builds in subprocesses (one shared by the module)
+
+BUILD_TIMEOUT_S = 300  # a real build takes some tens of seconds here; the old code hung forever
+
+# Runs one op and reports which backend ran it and the pyro_whvi warnings raised on the way.
+CHECK = """
+import json, warnings, torch
+warnings.simplefilter("always")
+with warnings.catch_warnings(record=True) as caught:
+    from pyro_whvi import ops
+    x = torch.randn(4, 16, generator=torch.Generator().manual_seed(0))
+    y = ops.fwht(x)
+torch.testing.assert_close(y, ops.reference.fwht(x))
+messages = [str(w.message) for w in caught if "pyro_whvi" in str(w.message)]
+print(json.dumps({"compiled": ops.backends._State.compiled, "warnings": messages}))
+"""
+
+
+def _env(extensions: Path | None = None, **overrides: str) -> dict[str, str]:
+    env = dict(os.environ)
+    for name in ("PYRO_WHVI_BACKEND", "PYRO_WHVI_BUILD_TIMEOUT", "TORCH_EXTENSIONS_DIR"):
+        env.pop(name, None)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    if extensions is not None:
+        env["TORCH_EXTENSIONS_DIR"] = str(extensions)
+    env.update(overrides)
+    return env
+
+
+def _run(argv: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout, cwd=ROOT)
+    except subprocess.TimeoutExpired as expired:
+        stderr = expired.stderr.decode(errors="replace") if isinstance(expired.stderr, bytes) else expired.stderr
+        pytest.fail(f"{argv[-1][:60]!r} hung for {timeout} s; stderr: {(stderr or '')[-2000:]}")
+
+
+def _check(extensions: Path, timeout: float = 120, prefix: tuple[str, ...] = (), **env: str) -> tuple[dict, str]:
+    """Run :data:`CHECK` against ``extensions``; its report and stderr."""
+    result = _run([*prefix, sys.executable, "-c", textwrap.dedent(CHECK)], _env(extensions, **env), timeout)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1]), result.stderr
+
+
+def _build_dir(extensions: Path) -> Path:
+    (directory,) = extensions.glob("pyro_whvi_cpu_*")
+    return directory
+
+
+@pytest.fixture(scope="module")
+def built_cache(tmp_path_factory) -> tuple[Path, str]:
+    """An extensions directory holding one complete build, and the stderr of that build."""
+    extensions = tmp_path_factory.mktemp("built") / "extensions"
+    argv = [sys.executable, "-m", "pyro_whvi.ops.build"]
+    result = _run(argv, _env(extensions), BUILD_TIMEOUT_S)
+    if result.returncode != 0:
+        reason = f"the compiled kernels do not build here: {result.stderr[-1000:]}"
+        if os.environ.get("PYRO_WHVI_REQUIRE_COMPILED") == "1":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    return extensions, result.stderr
+
+
+@pytest.fixture
+def cache_copy(built_cache, tmp_path) -> Path:
+    """A private copy of the built extensions directory."""
+    return Path(shutil.copytree(built_cache[0], tmp_path / "extensions"))
+
+
+def test_first_build_says_compiling(built_cache):
+    assert "pyro_whvi: compiling the CPU kernels into" in built_cache[1]
+
+
+@pytest.mark.parametrize("victim", ["process", "process_group"])
+def test_killed_first_build_does_not_hang(built_cache, tmp_path, victim):
+    """SIGKILL a real first build once torch's lock exists; the next process must still get kernels.
+
+    ``process`` kills Python alone, so its ninja and compiler finish as orphans; ``process_group``
+    also kills them, as a job scheduler does.
+    """
+    extensions = tmp_path / "extensions"
+    script = "from pyro_whvi import ops; ops.load_compiled()"
+    first = subprocess.Popen(
+        [sys.executable, "-c", script],
+        env=_env(extensions),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        # torch writes build.ninja after taking its lock and before starting the compiler
+        while not list(extensions.glob("pyro_whvi_cpu_*/lock")) or not list(extensions.glob("*/build.ninja")):
+            assert first.poll() is None, f"the first build ended on its own: {first.communicate()[1][-2000:]!r}"
+            assert time.monotonic() < deadline, "the first build never took torch's lock"
+            time.sleep(0.05)
+        time.sleep(1.0)  # the compiler is running now
+        if victim == "process":
+            first.kill()
+        else:
+            os.killpg(first.pid, signal.SIGKILL)
+        first.wait()
+        assert (_build_dir(extensions) / "lock").exists()  # the situation that used to hang every later process
+
+        report, stderr = _check(extensions, timeout=BUILD_TIMEOUT_S)
+        assert report == {"compiled": True, "warnings": []}, stderr[-3000:]
+        assert "removed the stale lock" in stderr
+        assert "compiling the CPU kernels" in stderr
+        assert not (_build_dir(extensions) / "lock").exists()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(first.pid, signal.SIGKILL)  # orphans left by a failed run
+        first.communicate()
+
+
+def test_build_lock_held_too_long_falls_back_with_one_warning(built_cache, tmp_path):
+    """A live process holding the build lock is waited for, up to $PYRO_WHVI_BUILD_TIMEOUT only."""
+    extensions = tmp_path / "extensions"
+    directory = extensions / _build_dir(built_cache[0]).name
+    directory.mkdir(parents=True)
+    with open(directory / "pyro_whvi.lock", "w") as lock:
+        lock.write("424242")
+        lock.flush()
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        started = time.monotonic()
+        report, stderr = _check(extensions, PYRO_WHVI_BUILD_TIMEOUT="1")
+        elapsed = time.monotonic() - started
+    assert report["compiled"] is False
+    assert len(report["warnings"]) == 1, report
+    assert "TimeoutError" in report["warnings"][0] and "PYRO_WHVI_BUILD_TIMEOUT" in report["warnings"][0]
+    assert "waiting for process 424242" in stderr
+    assert elapsed < 60
+
+
+def _read_only_prefix(directory: Path) -> tuple[str, ...]:
+    """Make ``directory`` read-only for a child process: the command prefix that runs it so.
+
+    chmod, unless running as root (which ignores it): then a read-only bind mount in a private
+    mount namespace. Skips the test when neither works.
+    """
+    for path in [directory, *directory.rglob("*")]:
+        path.chmod(0o555 if path.is_dir() else 0o444)
+    probe = directory / "probe"
+    try:
+        probe.touch()
+    except PermissionError:
+        return ()
+    probe.unlink()
+    mount_read_only = 'mount --bind "$0" "$0" && mount -o remount,bind,ro "$0" "$0" && exec "$@"'
+    prefix = ("unshare", "-m", "sh", "-c", mount_read_only, str(directory))
+    if shutil.which("unshare"):
+        attempt = subprocess.run([*prefix, "touch", str(probe)], capture_output=True, text=True)
+        if "Read-only file system" in attempt.stderr and not probe.exists():
+            return prefix
+    pytest.skip("cannot make a directory read-only here (root, and no mount namespace)")
+
+
+def test_cached_build_on_read_only_file_system_is_used(cache_copy):
+    prefix = _read_only_prefix(cache_copy)
+    try:
+        report, stderr = _check(cache_copy, prefix=prefix)
+    finally:
+        for path in [cache_copy, *cache_copy.rglob("*")]:
+            path.chmod(0o755 if path.is_dir() else 0o644)
+    assert report == {"compiled": True, "warnings": []}, stderr[-3000:]
+    assert "compiling" not in stderr
+
+
+def test_cached_build_needs_no_compiler(cache_copy):
+    report, stderr = _check(cache_copy, CXX="/nonexistent/c++", PATH="/nonexistent")
+    assert report == {"compiled": True, "warnings": []}, stderr[-3000:]
+    assert "compiling" not in stderr
+
+
+def test_cut_short_library_is_rebuilt_and_says_compiling(cache_copy):
+    """A library truncated by a killed link is not loaded (that can crash) but relinked, announced."""
+    directory = _build_dir(cache_copy)
+    (library,) = directory.glob("*.so")
+    os.truncate(library, library.stat().st_size // 2)
+    report, stderr = _check(cache_copy, timeout=BUILD_TIMEOUT_S)
+    assert report == {"compiled": True, "warnings": []}, stderr[-3000:]
+    assert "compiling the CPU kernels" in stderr
+
+
+def test_garbage_backend_variable_is_named_at_the_first_op_and_in_one_line_by_the_command():
+    env = _env(PYRO_WHVI_BACKEND="garbage")
+    imported = _run([sys.executable, "-c", "import pyro_whvi; print('imported')"], env, timeout=120)
+    assert imported.returncode == 0 and imported.stdout.strip() == "imported", imported.stderr  # import is fine
+    op = _run([sys.executable, "-c", "import torch, pyro_whvi; pyro_whvi.ops.fwht(torch.ones(4))"], env, timeout=120)
+    assert op.returncode == 1 and "BackendEnvironmentError" in op.stderr.strip().splitlines()[-1]
+    command = _run([sys.executable, "-m", "pyro_whvi", "bench", "--help"], env, timeout=120)
+    assert command.returncode == 2 and command.stdout == ""
+    lines = command.stderr.strip().splitlines()
+    assert len(lines) == 1, command.stderr
+    for message in (lines[0], op.stderr.strip().splitlines()[-1]):
+        for part in ("PYRO_WHVI_BACKEND", "'garbage'", "auto, compiled, reference", "unset PYRO_WHVI_BACKEND"):
+            assert part in message
