@@ -30,7 +30,7 @@ from pyro.poutine.util import site_is_subsample
 from pyro_whvi.experiments.methods import parse_method, predictive_samples
 from pyro_whvi.experiments.reporting import save_tables
 from pyro_whvi.experiments.uci import UCIConfig, parse_splits, train_split
-from pyro_whvi.experiments.uci_config import UCI_PRESETS
+from pyro_whvi.experiments.uci_config import UCI_PROTOCOLS
 from pyro_whvi.experiments.uci_data import dataset_name
 from pyro_whvi.metrics import gaussian_mnll, rmse
 
@@ -121,17 +121,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data-dir", type=Path, required=True, help="a dataset in the UCI split format")
     parser.add_argument("--method", default="whvi", help="a whvi uci method (default whvi)")
     parser.add_argument("--splits", type=parse_splits, default=(0,))
-    parser.add_argument("--preset", choices=tuple(UCI_PRESETS), default="table3", help="whvi uci's (default table3)")
-    parser.add_argument("--steps", type=int, help="SVI steps (default: the preset's)")
-    parser.add_argument("--lr", type=float, help="Adam's initial learning rate (default: the preset's)")
-    parser.add_argument("--hidden", type=int, help="hidden units per layer (default: the preset's)")
+    parser.add_argument(
+        "--protocol",
+        "--preset",  # its name before whvi uci's --protocol
+        dest="protocol",
+        choices=tuple(UCI_PROTOCOLS),
+        default="table3",
+        help="whvi uci's (default table3)",
+    )
+    parser.add_argument("--steps", type=int, help="SVI steps (default: the protocol's)")
+    parser.add_argument("--lr", type=float, help="Adam's initial learning rate (default: the protocol's)")
+    parser.add_argument("--hidden", type=int, help="hidden units per layer (default: the protocol's)")
     parser.add_argument("--draws", type=int, default=64, help="guide draws of the Monte Carlo KLs")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "elbo_terms")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    config = UCIConfig.from_preset(
-        args.preset,
+    config = UCIConfig.from_protocol(
+        args.protocol,
         args.data_dir.name,
         steps=args.steps,
         lr=args.lr,

@@ -24,7 +24,7 @@ GUIDES = {
     "whvi-full": lambda model: AutoWHVIGuide(model, covariance="full"),
     "whvi-lowrank": lambda model: AutoWHVIGuide(model, covariance="lowrank", rank=2),
     "nf-whvi": lambda model: AutoWHVIGuide(model, flows=2),
-    "whvi-paper": lambda model: AutoWHVIGuide(model, preset="paper"),
+    "whvi-paper": lambda model: AutoWHVIGuide(model, sites="paper"),
     "vsd": lambda model: AutoVSDGuide(model, reflections=2),
     "vsd-h": lambda model: AutoVSDGuide(model, hierarchical=True),
     "mfg": lambda model: AutoNormal(model),

@@ -142,10 +142,10 @@ def build_method(
         likelihood=likelihood,
         dropout=dropout if spec.base == "mcd" else 0.0,
     )
-    # WHVI as in the paper's set-up (§3.2, the "paper" preset): every layer but the last, which is
+    # WHVI as in the paper's set-up (§3.2, the "paper" sites): every layer but the last, which is
     # mean-field (weight and bias). Biases go on WHVI blocks too (§2.5): as mean-field sites their KL
     # outweighed the data on small UCI sets.
-    guide = make_guide(spec.base, model, flows=flows, reflections=reflections, preset="paper")
+    guide = make_guide(spec.base, model, flows=flows, reflections=reflections, sites="paper")
     return model, guide
 
 

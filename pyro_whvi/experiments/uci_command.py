@@ -42,7 +42,7 @@ def _kl_weights(text: str) -> float | tuple[float, ...]:
 def add_uci_command(commands) -> None:
     from .methods import BASE_METHODS, Schedule
     from .uci import BUNDLED_DATASETS, UCIConfig
-    from .uci_config import DEVICES, UCI_PRESETS
+    from .uci_config import DEVICES, UCI_PROTOCOLS
 
     uci = commands.add_parser(
         "uci",
@@ -64,7 +64,7 @@ def add_uci_command(commands) -> None:
         "--methods", type=_uci_methods, default=defaults.methods, help="comma-separated (default mfg,mcd,whvi)"
     )
     uci.add_argument("--splits", type=_splits, default=defaults.splits, help="e.g. 0-4 or 0,3,7 (default 0-4)")
-    uci.add_argument("--steps", type=positive, help="SVI steps (default: the preset's, 50,500)")
+    uci.add_argument("--steps", type=positive, help="SVI steps (default: the protocol's, 50,500)")
     uci.add_argument(
         "--fixed-noise-steps",
         type=nonnegative,
@@ -72,7 +72,7 @@ def add_uci_command(commands) -> None:
         help=f"first steps with the noise scale fixed (default {schedule.fixed_noise_steps})",
     )
     uci.add_argument("--batch-size", type=positive, default=schedule.batch_size, help="minibatch size (default 64)")
-    uci.add_argument("--lr", type=positive_float, help="Adam's initial learning rate (default: the preset's)")
+    uci.add_argument("--lr", type=positive_float, help="Adam's initial learning rate (default: the protocol's)")
     uci.add_argument(
         "--cooldown",
         type=float,
@@ -80,16 +80,18 @@ def add_uci_command(commands) -> None:
         help="last fraction of the steps over which the learning rate is also scaled linearly down towards 0, "
         "e.g. 0.2 (default 0: none, the paper's schedule)",
     )
-    uci.add_argument(
-        "--preset",
-        choices=tuple(UCI_PRESETS),
-        default="table3",
+    protocol = uci.add_mutually_exclusive_group()
+    protocol.add_argument(
+        "--protocol",
+        choices=tuple(UCI_PROTOCOLS),
         help="table3 (the default): the WHVI paper's Table 3, 2x128, lr 1e-3, 50,500 steps; table6: its Table 6 / "
         "App. D.2, 1x50 (1x100 for protein), the same schedule; wide: 2x1024, lr 3e-3, 50,500 steps. --hidden, "
-        "--layers, --steps and --lr override the preset",
+        "--layers, --steps and --lr override the protocol",
     )
-    uci.add_argument("--hidden", type=positive, help="hidden units per layer (default: the preset's)")
-    uci.add_argument("--layers", type=nonnegative, help="hidden layers (default: the preset's)")
+    # The name of earlier releases, kept for one release: the same choices, with a notice on stderr.
+    protocol.add_argument("--preset", choices=tuple(UCI_PROTOCOLS), dest="preset", help=argparse.SUPPRESS)
+    uci.add_argument("--hidden", type=positive, help="hidden units per layer (default: the protocol's)")
+    uci.add_argument("--layers", type=nonnegative, help="hidden layers (default: the protocol's)")
     uci.add_argument(
         "--noise-scale",
         type=positive_float,
@@ -159,6 +161,35 @@ def _one_line_warning(message, category, filename, lineno, file=None, line=None)
     tqdm.write(f"whvi uci: warning: {' '.join(str(message).splitlines())}", file=sys.stderr)
 
 
+#: Arguments that are not a field of UCIConfig under their own name, and the field they give.
+_RENAMED = {"raw_targets": "standardize_targets"}
+#: Arguments that set the protocol's network and schedule (UCIConfig.from_protocol's keywords).
+_PROTOCOL_ARGUMENTS = ("hidden", "layers", "steps", "lr", "fixed_noise_steps", "batch_size", "cooldown")
+
+
+def _config_from_arguments(args: argparse.Namespace, dataset: str):
+    """The :class:`~pyro_whvi.experiments.uci_config.UCIConfig` the arguments describe: every argument named as
+    a field goes to it, the protocol's through :meth:`~pyro_whvi.experiments.uci_config.UCIConfig.from_protocol`."""
+    from dataclasses import fields
+
+    from .uci_config import UCIConfig
+
+    if args.preset is not None:
+        print(
+            "whvi uci: --preset is now --protocol (the same choices); --preset goes in the next release",
+            file=sys.stderr,
+        )
+    values = dict(vars(args))
+    values["raw_targets"] = not args.raw_targets
+    values["samples"] = max(2, args.samples)
+    names = {field.name for field in fields(UCIConfig)} - {"schedule", "hidden", "layers", "progress"}
+    settings = {_RENAMED.get(name, name): value for name, value in values.items() if _RENAMED.get(name, name) in names}
+    protocol = args.protocol or args.preset or "table3"
+    return UCIConfig.from_protocol(
+        protocol, dataset, **{name: values[name] for name in _PROTOCOL_ARGUMENTS}, **settings
+    )
+
+
 def run_uci_command(args: argparse.Namespace) -> int:
     from datetime import timedelta
 
@@ -166,7 +197,7 @@ def run_uci_command(args: argparse.Namespace) -> int:
 
     from ..train import distributed
     from .reporting import check_writable
-    from .uci import UCIConfig, check_source, check_validation, dataset_name, run_uci
+    from .uci import check_source, check_validation, dataset_name, run_uci
 
     source = args.data_dir if args.data_dir is not None else (args.dataset or "diabetes")
     timeout = timedelta(seconds=args.timeout)
@@ -185,31 +216,7 @@ def run_uci_command(args: argparse.Namespace) -> int:
         if args.dropout >= 1:
             raise ValueError(f"--dropout must be below 1, got {args.dropout}")
         # The folder's own name (no file system call: a bad path is check_source's to report).
-        config = UCIConfig.from_preset(
-            args.preset,
-            Path(source).name,
-            hidden=args.hidden,
-            layers=args.layers,
-            steps=args.steps,
-            lr=args.lr,
-            fixed_noise_steps=args.fixed_noise_steps,
-            batch_size=args.batch_size,
-            cooldown=args.cooldown,
-            methods=args.methods,
-            splits=args.splits,
-            samples=max(2, args.samples),
-            noise_scale=args.noise_scale,
-            dropout=args.dropout,
-            flows=args.flows,
-            reflections=args.reflections,
-            seed=args.seed,
-            nproc=args.nproc,
-            checkpoint_every=args.checkpoint_every,
-            standardize_targets=not args.raw_targets,
-            kl_weight=args.kl_weight,
-            val_fraction=args.val_fraction,
-            device=args.device,
-        )
+        config = _config_from_arguments(args, Path(source).name)
         check_source(source, config.splits)
         check_validation(source, config)
         check_writable(args.out)

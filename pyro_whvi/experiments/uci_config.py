@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 from ..train.schedule import shard_size
 from .methods import Schedule, parse_method
 
-__all__ = ["DEVICES", "ENGINE_VERSION", "UCI_PRESETS", "UCIConfig", "preset_settings"]
+__all__ = ["DEVICES", "ENGINE_VERSION", "UCI_PROTOCOLS", "UCIConfig", "protocol_settings"]
 
 #: Where ``whvi uci --device`` trains.
 DEVICES = ("cpu", "cuda")
@@ -27,7 +27,7 @@ DEVICES = ("cpu", "cuda")
 #:   parameters against MC dropout's 17,537, 1024 units give it 10,498, and a step costs 1.2x the 128-unit
 #:   one (O(D log D)). It is for larger data sets: ``docs/results/larger-data.md`` shows where it helps and where
 #:   (a few hundred rows) its KL costs more than the capacity gives.
-UCI_PRESETS: dict[str, dict] = {
+UCI_PROTOCOLS: dict[str, dict] = {
     "table3": {"layers": 2, "hidden": 128, "steps": 50_500, "lr": 1e-3},
     "table6": {"layers": 1, "hidden": 50, "steps": 50_500, "lr": 1e-3},
     "wide": {"layers": 2, "hidden": 1024, "steps": 50_500, "lr": 3e-3},
@@ -35,18 +35,18 @@ UCI_PRESETS: dict[str, dict] = {
 TABLE6_LARGE = {"protein": 100}  # dataset folder names (lower case, prefix) that get more units under table6
 
 
-def preset_settings(preset: str, dataset: str, **overrides: int | float | None) -> dict:
-    """``{"layers", "hidden", "steps", "lr"}`` of ``preset`` for ``dataset`` (a folder or bundled set's name),
-    each overridden by the keyword of the same name when it is not ``None``."""
-    if preset not in UCI_PRESETS:
-        raise ValueError(f"--preset: choose from {', '.join(UCI_PRESETS)}, got {preset!r}")
-    unknown = set(overrides) - set(UCI_PRESETS[preset])
+def protocol_settings(name: str, dataset: str, **overrides: int | float | None) -> dict:
+    """``{"layers", "hidden", "steps", "lr"}`` of the protocol ``name`` for ``dataset`` (a folder or bundled set's
+    name), each overridden by the keyword of the same name when it is not ``None``."""
+    if name not in UCI_PROTOCOLS:
+        raise ValueError(f"--protocol: choose from {', '.join(UCI_PROTOCOLS)}, got {name!r}")
+    unknown = set(overrides) - set(UCI_PROTOCOLS[name])
     if unknown:
         raise TypeError(
-            f"preset_settings: unknown settings {sorted(unknown)}; a preset sets {sorted(UCI_PRESETS[preset])}"
+            f"protocol_settings: unknown settings {sorted(unknown)}; a protocol sets {sorted(UCI_PROTOCOLS[name])}"
         )
-    protocol = dict(UCI_PRESETS[preset])
-    if preset == "table6":
+    protocol = dict(UCI_PROTOCOLS[name])
+    if name == "table6":
         protocol["hidden"] = next(
             (units for name, units in TABLE6_LARGE.items() if dataset.lower().startswith(name)), protocol["hidden"]
         )
@@ -156,9 +156,9 @@ class UCIConfig:
         return tuple(self.kl_weight) if isinstance(self.kl_weight, (tuple, list)) else (self.kl_weight,)
 
     @classmethod
-    def from_preset(
+    def from_protocol(
         cls,
-        preset: str,
+        name: str,
         dataset: str,
         *,
         layers: int | None = None,
@@ -170,10 +170,10 @@ class UCIConfig:
         cooldown: float = Schedule.cooldown,
         **fields,
     ) -> UCIConfig:
-        """The settings of ``whvi uci --preset preset`` on ``dataset`` (a folder or bundled set's name):
-        :func:`preset_settings` with the overrides that are not ``None``, the rest of the schedule, and any
+        """The settings of ``whvi uci --protocol name`` on ``dataset`` (a folder or bundled set's name):
+        :func:`protocol_settings` with the overrides that are not ``None``, the rest of the schedule, and any
         other field of :class:`UCIConfig` as a keyword."""
-        protocol = preset_settings(preset, dataset, layers=layers, hidden=hidden, steps=steps, lr=lr)
+        protocol = protocol_settings(name, dataset, layers=layers, hidden=hidden, steps=steps, lr=lr)
         schedule = Schedule(
             steps=protocol["steps"],
             fixed_noise_steps=fixed_noise_steps,

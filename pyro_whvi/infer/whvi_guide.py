@@ -22,6 +22,7 @@ References:
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 
 import pyro
@@ -57,9 +58,27 @@ __all__ = ["AutoWHVIGuide"]
 #: parameter's name in ``guide.state_dict()`` and the param store.
 QG_GROUPS = {"loc": "locs", "scale": "scales", "scale_tril": "scale_trils", "cov_factor": "cov_factors"}
 
-#: Named settings: ``"paper"`` is the set-up of the WHVI paper's UCI and classification experiments
-#: (§3.2): every weight and bias on WHVI blocks, the last layer (weight and bias) mean-field.
-PRESETS: dict[str, dict] = {"paper": {"expose": "all", "mean_field_last_layer": True}}
+#: Named site selections (``sites=``): ``"paper"`` is the set-up of the WHVI paper's UCI and classification
+#: experiments (§3.2): every weight and bias on WHVI blocks, the last layer (weight and bias) mean-field.
+NAMED_SITES: dict[str, dict] = {"paper": {"expose": "all", "mean_field_last_layer": True}}
+#: The name of :data:`NAMED_SITES` before ``preset=`` became ``sites=``; kept for one release.
+PRESETS = NAMED_SITES
+
+
+def named_sites(sites: str | None, preset: str | None, owner: str) -> dict:
+    """The settings of the named selection ``sites`` (or of ``preset``, its deprecated name), else ``{}``."""
+    if preset is not None:
+        warnings.warn(
+            f"{owner}: preset= is now sites= (the same names); preset= will be removed in the next release.",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        if sites is not None and sites != preset:
+            raise ValueError(f"{owner}: pass sites= alone (preset= is its deprecated name), got both.")
+        sites = preset
+    if sites is not None and sites not in NAMED_SITES:
+        raise ValueError(f"{owner}: sites must be one of {sorted(NAMED_SITES)} or None, got {sites!r}.")
+    return NAMED_SITES[sites] if sites is not None else {}
 
 
 class _GuideOwnedReparam(WHVIReparam):
@@ -101,8 +120,9 @@ class AutoWHVIGuide(StructuredAutoGuide):
     :param mean_field_last_layer: give the last layer a mean-field guide, as in the paper's experiments
         (§3.2): every latent site of the module that holds the model's last weight (in execution
         order), its weight and bias together.
-    :param preset: a name in :data:`PRESETS` whose settings fill the arguments left unset
-        (``"paper"``: ``expose="all"``, ``mean_field_last_layer=True``).
+    :param sites: a named selection of the sites (:data:`NAMED_SITES`) whose settings fill the arguments
+        left unset (``"paper"``: ``expose="all"``, ``mean_field_last_layer=True``).
+    :param preset: the deprecated name of ``sites`` (a ``DeprecationWarning``; removed in the next release).
     :param local_reparameterization: draw ``g`` per example in ``F.linear``/``F.conv2d`` (also
         settable later as ``guide.local_reparameterization``); one draw per example per model
         execution, shared by every use of the weight in it (:mod:`pyro_whvi.infer.lazy_weight`).
@@ -132,6 +152,7 @@ class AutoWHVIGuide(StructuredAutoGuide):
         expose: SiteFilter | None = None,
         hide: SiteFilter | None = None,
         mean_field_last_layer: bool | None = None,
+        sites: str | None = None,
         preset: str | None = None,
         local_reparameterization: bool = True,
         example_dim: int = 0,
@@ -140,9 +161,7 @@ class AutoWHVIGuide(StructuredAutoGuide):
         init_scale: float = 0.1,
         create_plates: Callable | None = None,
     ):
-        if preset is not None and preset not in PRESETS:
-            raise ValueError(f"AutoWHVIGuide: preset must be one of {sorted(PRESETS)} or None, got {preset!r}.")
-        settings = PRESETS[preset] if preset is not None else {}
+        settings = named_sites(sites, preset, "AutoWHVIGuide")
         if expose is None:
             expose = settings.get("expose")
         if mean_field_last_layer is None:

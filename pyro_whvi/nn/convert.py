@@ -16,7 +16,7 @@ from torch import nn
 
 from ..distributions.whvi_projection import project_onto_whvi
 from ..infer.lazy_weight import check_example_dim
-from ..infer.whvi_guide import PRESETS
+from ..infer.whvi_guide import named_sites
 from .base import ExecutionScope, VariationalLayer
 from .mean_field import MeanFieldLinear
 from .vsd import VSDConv2d, VSDLinear
@@ -114,6 +114,7 @@ def bayesian_(
     *,
     mean_field_last_layer: bool = False,
     whvi_vectors: bool = False,
+    sites: str | None = None,
     preset: str | None = None,
     skip: Iterable[str] = (),
     keep_weights: bool = False,
@@ -134,8 +135,9 @@ def bayesian_(
         the definition order) a :class:`MeanFieldLinear`, as in the paper's experiments (§3.2).
     :param whvi_vectors: WHVI also takes the linear layers with one input or one output, as reshaped
         vectors (§2.5; the guide's ``expose="all"``), instead of making them mean-field.
-    :param preset: ``"paper"``: the WHVI paper's experiments (§3.2), ``whvi_vectors=True`` and
-        ``mean_field_last_layer=True`` (as :data:`pyro_whvi.infer.whvi_guide.PRESETS`).
+    :param sites: ``"paper"``: the WHVI paper's experiments (§3.2), ``whvi_vectors=True`` and
+        ``mean_field_last_layer=True`` (as the guides' ``sites=``, :data:`pyro_whvi.infer.whvi_guide.NAMED_SITES`).
+    :param preset: the deprecated name of ``sites`` (a ``DeprecationWarning``; removed in the next release).
     :param skip: names (as in ``named_modules()``) of layers to leave deterministic.
     :param keep_weights: start each posterior mean at the layer's current weight and bias (a
         pretrained network); otherwise the layers' own initialization (that of the structured guides).
@@ -149,11 +151,9 @@ def bayesian_(
         WHVI paper (Rossi et al., NeurIPS 2020), §3.2–3.3, App. B; VSD paper (Nguyen et al., NeurIPS
         2021), §3.4.
     """
-    if preset is not None:
-        if preset not in PRESETS:
-            raise ValueError(f"bayesian_: preset must be one of {sorted(PRESETS)} or None, got {preset!r}.")
-        whvi_vectors = whvi_vectors or PRESETS[preset]["expose"] == "all"
-        mean_field_last_layer = mean_field_last_layer or PRESETS[preset]["mean_field_last_layer"]
+    settings = named_sites(sites, preset, "bayesian_")
+    whvi_vectors = whvi_vectors or settings.get("expose") == "all"
+    mean_field_last_layer = mean_field_last_layer or settings.get("mean_field_last_layer", False)
     if method not in METHODS:
         raise ValueError(f"bayesian_: method must be one of {METHODS}, got {method!r}.")
     if not isinstance(module, nn.Module):

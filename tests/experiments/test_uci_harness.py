@@ -421,41 +421,44 @@ def test_whvi_method_is_the_papers_set_up():
     assert "layers.2.weight" not in whvi_sites and "layers.2.bias" not in whvi_sites
 
 
-def test_presets_are_whole_protocols(tmp_path):
+def test_protocols_and_the_deprecated_preset_flag(tmp_path, capsys):
     """Table 3 (2x128, lr 1e-3, 50,500 steps) is the harness's default; Table 6 (App. D.2) is 1x50, 1x100 for
     protein; ``wide`` is 2x1024 at lr 3e-3; explicit --hidden/--layers/--steps/--lr win over the preset; the run's
     table names the network and schedule it trained."""
     from pyro_whvi.experiments.cli import main
-    from pyro_whvi.experiments.uci_config import UCI_PRESETS, UCIConfig, preset_settings
+    from pyro_whvi.experiments.uci_config import UCI_PROTOCOLS, UCIConfig, protocol_settings
 
     defaults = UCIConfig()
-    table3 = UCI_PRESETS["table3"]
+    table3 = UCI_PROTOCOLS["table3"]
     assert {k: table3[k] for k in ("layers", "hidden")} == {"layers": defaults.layers, "hidden": 128}
     assert table3["steps"] == 50_500 and table3["lr"] == defaults.schedule.lr
-    assert preset_settings("table6", "concrete") == {"layers": 1, "hidden": 50, "steps": 50_500, "lr": 1e-3}
-    assert preset_settings("table6", "protein-tertiary-structure")["hidden"] == 100
-    assert preset_settings("table6", "yacht", hidden=20)["hidden"] == 20
-    assert preset_settings("table3", "protein", layers=3, steps=10) == {
+    assert protocol_settings("table6", "concrete") == {"layers": 1, "hidden": 50, "steps": 50_500, "lr": 1e-3}
+    assert protocol_settings("table6", "protein-tertiary-structure")["hidden"] == 100
+    assert protocol_settings("table6", "yacht", hidden=20)["hidden"] == 20
+    assert protocol_settings("table3", "protein", layers=3, steps=10) == {
         "layers": 3,
         "hidden": 128,
         "steps": 10,
         "lr": 1e-3,
     }
-    assert preset_settings("wide", "yacht", lr=None) == {"layers": 2, "hidden": 1024, "steps": 50_500, "lr": 3e-3}
-    with pytest.raises(ValueError, match="--preset: choose from table3, table6, wide"):
-        preset_settings("table9", "yacht")
+    assert protocol_settings("wide", "yacht", lr=None) == {"layers": 2, "hidden": 1024, "steps": 50_500, "lr": 3e-3}
+    with pytest.raises(ValueError, match="--protocol: choose from table3, table6, wide"):
+        protocol_settings("table9", "yacht")
     with pytest.raises(TypeError, match="unknown settings"):
-        preset_settings("table3", "yacht", width=3)
+        protocol_settings("table3", "yacht", width=3)
     # The whole UCIConfig from a preset: the schedule's other fields keep their defaults unless given.
-    config = UCIConfig.from_preset("wide", "yacht", steps=7, batch_size=32, methods=("whvi",), seed=3)
+    config = UCIConfig.from_protocol("wide", "yacht", steps=7, batch_size=32, methods=("whvi",), seed=3)
     assert (config.hidden, config.layers, config.methods, config.seed) == (1024, 2, ("whvi",), 3)
     assert config.schedule == replace(defaults.schedule, steps=7, lr=3e-3, batch_size=32)
-    args = ["uci", "--dataset", "diabetes", "--preset", "table6", "--methods", "mfg", "--splits", "0"]
+    args = ["uci", "--dataset", "diabetes", "--protocol", "table6", "--methods", "mfg", "--splits", "0"]
     assert main([*args, "--steps", "3", "--samples", "4", "--out", str(tmp_path)]) == 0
     assert (tmp_path / "uci_diabetes.md").read_text().startswith("### diabetes: 1x50 ReLU, 3 steps")
     wide = tmp_path / "wide"
+    # --preset, the flag's name before --protocol, still works for one release, with a notice on stderr.
     args = ["uci", "--dataset", "diabetes", "--preset", "wide", "--methods", "whvi", "--splits", "0", "--steps", "3"]
+    capsys.readouterr()
     assert main([*args, "--samples", "4", "--out", str(wide)]) == 0
+    assert "--preset is now --protocol" in capsys.readouterr().err
     assert "2x1024 ReLU, 3 steps" in (wide / "uci_diabetes.md").read_text()
     assert "lr 0.003" in (wide / "uci_diabetes.md").read_text()
 

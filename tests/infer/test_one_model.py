@@ -129,7 +129,7 @@ def test_one_structured_guide_per_model():
 
 def test_the_paper_preset_makes_the_last_layer_mean_field():
     x, y = torch.randn(6, 4), torch.randn(6)
-    guide = AutoWHVIGuide(BayesianMLP([4, 8, 3]), preset="paper")
+    guide = AutoWHVIGuide(BayesianMLP([4, 8, 3]), sites="paper")
     guide(x, torch.randn(6, 3))
     assert sorted(guide.whvi_layouts) == ["layers.0.bias", "layers.0.weight"]
     # Regression, one output: the 1 x 8 output weight and its bias are mean-field, the hidden weight is not.
@@ -138,12 +138,18 @@ def test_the_paper_preset_makes_the_last_layer_mean_field():
     guide(x, y)
     assert sorted(guide.whvi_layouts) == ["layers.0.weight", "layers.1.weight"]
     pyro.clear_param_store()
-    guide = AutoWHVIGuide(BayesianMLP([4, 8, 8, 1]), preset="paper")
+    guide = AutoWHVIGuide(BayesianMLP([4, 8, 8, 1]), sites="paper")
     guide(x, y)
     assert sorted(guide.whvi_layouts) == ["layers.0.bias", "layers.0.weight", "layers.1.bias", "layers.1.weight"]
     assert {"layers.2.weight", "layers.2.bias"} <= set(guide.prototype_trace.nodes)
-    with pytest.raises(ValueError, match="preset must be one of"):
-        AutoWHVIGuide(BayesianMLP([4, 8, 1]), preset="nope")
+    with pytest.raises(ValueError, match="sites must be one of"):
+        AutoWHVIGuide(BayesianMLP([4, 8, 1]), sites="nope")
+    # preset=, the earlier name of sites=, works for one release with a warning naming the new one.
+    pyro.clear_param_store()
+    with pytest.warns(DeprecationWarning, match="preset= is now sites="):
+        old = AutoWHVIGuide(BayesianMLP([4, 8, 8, 1]), preset="paper")
+    old(x, y)
+    assert sorted(old.whvi_layouts) == sorted(guide.whvi_layouts)
 
 
 class TiedNet(PyroModule):

@@ -24,7 +24,7 @@ META = torch.device("meta")
 @pytest.mark.parametrize("method", ["whvi", "vsd"])
 def test_variational_layers_train_on_the_inputs_device(method):
     network = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(64, 16), nn.ReLU(), nn.Linear(16, 1))
-    bayesian_(network, method, preset="paper" if method == "whvi" else None, mean_field_last_layer=True).to(META)
+    bayesian_(network, method, sites="paper" if method == "whvi" else None, mean_field_last_layer=True).to(META)
     loss = network(torch.randn(8, 3, 6, 6, device=META)).square().sum() + kl_divergence(network)
     loss.backward()
     assert loss.device == META
@@ -59,7 +59,7 @@ GUIDES = {
     "whvi-full": lambda model: AutoWHVIGuide(model, covariance="full"),
     "whvi-lowrank": lambda model: AutoWHVIGuide(model, covariance="lowrank"),
     "nf-whvi": lambda model: AutoWHVIGuide(model, flows=2),
-    "whvi-paper": lambda model: AutoWHVIGuide(model, preset="paper"),
+    "whvi-paper": lambda model: AutoWHVIGuide(model, sites="paper"),
     "vsd": lambda model: AutoVSDGuide(model, reflections=2),
     "vsd-hierarchical": lambda model: AutoVSDGuide(model, hierarchical=True),
 }

@@ -72,13 +72,18 @@ def test_whvi_linear_with_a_side_of_one_uses_the_reshaped_vector_of_each_draw(in
 
 def test_paper_preset_puts_vectors_on_whvi_and_the_last_layer_mean_field():
     network = nn.Sequential(nn.Linear(1, 8), nn.Tanh(), nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 1))
-    bayesian_(network, preset="paper")
+    bayesian_(network, sites="paper")
     assert [type(m) for m in network[::2]] == [WHVILinear, WHVILinear, MeanFieldLinear]
     assert network[0].layout.kind == "vector"
     default = bayesian_(nn.Sequential(nn.Linear(1, 8), nn.Tanh(), nn.Linear(8, 8)))
     assert [type(m) for m in default[::2]] == [MeanFieldLinear, WHVILinear]
-    with pytest.raises(ValueError, match="preset must be one of"):
-        bayesian_(nn.Sequential(nn.Linear(2, 2)), preset="fast")
+    with pytest.raises(ValueError, match="sites must be one of"):
+        bayesian_(nn.Sequential(nn.Linear(2, 2)), sites="fast")
+    with pytest.warns(DeprecationWarning, match="preset= is now sites="):
+        old = bayesian_(
+            nn.Sequential(nn.Linear(1, 8), nn.Tanh(), nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 1)), preset="paper"
+        )
+    assert [type(m) for m in old[::2]] == [WHVILinear, WHVILinear, MeanFieldLinear]
 
 
 def test_tied_uses_within_one_execution_see_one_weight_and_the_next_execution_draws_anew():

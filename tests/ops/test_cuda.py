@@ -76,7 +76,7 @@ def test_compiled_whvi_layers_on_cuda_match_eager():
 
     from pyro_whvi.nn import bayesian_, kl_divergence
 
-    network = bayesian_(nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 1)), preset="paper").to(DEVICE)
+    network = bayesian_(nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 1)), sites="paper").to(DEVICE)
     x = torch.randn(32, 16, device=DEVICE)
 
     def loss_fn(x):
