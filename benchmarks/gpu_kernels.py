@@ -52,7 +52,7 @@ import torch
 from torch.utils import benchmark
 
 from pyro_whvi import ops
-from pyro_whvi.ops import reference, triton_backend
+from pyro_whvi.ops import reference, triton_backend, triton_resources
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _results import environment, report_saved, save_tables
@@ -333,7 +333,7 @@ def static_table(sizes: list[int]) -> str:
                     continue
                 cells = []
                 for arch in (80, 90):
-                    usage = triton_backend.resource_usage(kernel, size, dtype, arch)
+                    usage = triton_resources.resource_usage(kernel, size, dtype, arch)
                     cells.append(f"{usage['registers']} / {usage['spill_bytes']} / {usage['shared_bytes']}")
                 name = str(dtype).removeprefix("torch.")
                 lines.append(f"| {kernel} | {size} | {name} | {cells[0]} | {cells[1]} |")

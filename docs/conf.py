@@ -58,8 +58,9 @@ nitpick_ignore_regex = [
     (r"py:.*", r"(datetime|contextvars|fcntl|signal|socket|tempfile|hashlib)\..*"),
     (r"py:class", r"(PyroModule|PyroSample|PyroParam|Planar|LinearOperator|LowRankRootLinearOperator|Interval)"),
     (r"py:class", r"(nn|F|dist)\..*"),
-    # Type aliases in signatures (model_transform.SiteFilter, svgp.Covariance): not documented objects.
-    (r"py:class", r"(SiteFilter|Covariance)"),
+    # Type aliases and type variables in signatures (site_selection.SiteFilter, svgp.Covariance,
+    # selection.Setting): not documented objects.
+    (r"py:class", r"(SiteFilter|Covariance|pyro_whvi\.train\.selection\.Setting)"),
     # Private modules and classes (bases shown by show-inheritance, implementation notes).
     (r"py:.*", r"pyro_whvi(\.\w+)*\._\w+(\..*)?"),
     # Instance attributes the docstrings name but autodoc cannot document (set in __init__).

@@ -75,7 +75,7 @@ def test_a_failure_after_a_layer_was_written_restores_every_parameter(name, monk
     x, y = _regression()
     guide = _set_up(name, BayesianMLP([3, 8, 1]), x, y)
     before = _state(guide)
-    real_fit = iblm_module._fit_layer
+    real_fit = iblm_module.fit_layer  # iblm_ calls the name it imported from layer_fit
     written_before_the_failure = []
 
     def fit_with_nan_output(guide, layer, likelihood, stream, is_output, settings, bar):
@@ -86,7 +86,7 @@ def test_a_failure_after_a_layer_was_written_restores_every_parameter(name, monk
             gaussian.row_data_rhs = torch.full_like(gaussian.row_data_rhs, float("nan"))
         return gaussian
 
-    monkeypatch.setattr(iblm_module, "_fit_layer", fit_with_nan_output)
+    monkeypatch.setattr(iblm_module, "fit_layer", fit_with_nan_output)
     with pytest.raises(ValueError, match=r"layer 'layers\.1\.weight' gave NaN or Inf.*left as it was"):
         iblm_(guide, (x, y), batch_size=20)
     assert written_before_the_failure == [True]

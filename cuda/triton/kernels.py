@@ -267,7 +267,7 @@ def rows_per_program(size: int, double: bool = False) -> int:
 
 def num_warps(kernel_name: str, size: int) -> int:
     """Warps per program: enough threads that a program's rows fit in registers without spilling
-    (checked with ``ptxas -v`` for sm_80 and sm_90, :func:`pyro_whvi.ops.triton_backend.resource_usage`)."""
+    (checked with ``ptxas -v`` for sm_80 and sm_90, :func:`pyro_whvi.ops.triton_resources.resource_usage`)."""
     limit = 1024 if kernel_name == "whvi_matvec_backward_kernel" else 2048
     return 4 if size <= limit else 8
 

@@ -27,7 +27,6 @@ from typing import Any
 import gpytorch
 import torch
 from gpytorch.distributions import MultivariateNormal
-from gpytorch.models import ApproximateGP
 from gpytorch.variational import _VariationalStrategy
 from linear_operator.operators import (
     ConstantDiagLinearOperator,
@@ -65,7 +64,7 @@ class RandomFeatureVariationalStrategy(_VariationalStrategy):
         WHVI paper (Rossi et al., NeurIPS 2020), App. D.4.
     """
 
-    def __init__(self, model: ApproximateGP, variational_distribution: WeightPosterior):
+    def __init__(self, model: gpytorch.models.ApproximateGP, variational_distribution: WeightPosterior):
         latent = variational_distribution.loc
         no_locations = torch.empty(variational_distribution.latent_dim, 0, dtype=latent.dtype, device=latent.device)
         super().__init__(model, no_locations, variational_distribution, learn_inducing_locations=False)

@@ -34,7 +34,8 @@ from torch.distributions import biject_to
 
 from ._guide_utils import assign_param_, deep_getattr, deep_set_param, has_deep_attr, normal_quantiles, prior_stddev
 from .lazy_weight import check_example_dim
-from .model_transform import ModelTransform, SiteFilter, select_sites
+from .model_transform import ModelTransform
+from .site_selection import SiteFilter, select_sites
 
 __all__ = ["StructuredAutoGuide", "set_mean_field_gaussian_", "set_mean_field_isotropic_"]
 

@@ -19,13 +19,9 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from contextvars import ContextVar
-from typing import Any, cast
 
-import torch
-from pyro import poutine
-from pyro.distributions import TorchDistribution
 from pyro.infer.autoguide.initialization import InitMessenger
 from pyro.nn import PyroModule
 from pyro.poutine.messenger import Messenger
@@ -34,109 +30,13 @@ from pyro.poutine.runtime import _PYRO_STACK
 from torch import nn
 
 from .guide_contract import TransformingGuide
+from .site_selection import SiteFilter, select_sites
 
+# SiteFilter and select_sites are re-exported here, where they were defined before site_selection.py.
 __all__ = ["GUIDE_KEY", "ModelModule", "ModelTransform", "SiteFilter", "remove_transform", "select_sites"]
 
 #: ``infer`` key with which a structured guide marks the sites it samples for a weight.
 GUIDE_KEY = "pyro_whvi_guide"
-
-SiteFilter = str | Iterable[str] | Callable[[str], bool]
-
-
-def _matches(site_filter: SiteFilter | None, name: str) -> bool:
-    if site_filter is None:
-        return False
-    if callable(site_filter):
-        return bool(site_filter(name))
-    return name in set(site_filter)
-
-
-def _capable(check_site: Callable, name: str, fn) -> bool:
-    try:
-        check_site(name, fn)
-    except ValueError:
-        return False
-    return True
-
-
-def _latent_sites(trace) -> dict:
-    return {
-        name: site
-        for name, site in trace.nodes.items()
-        if site["type"] == "sample" and not site["is_observed"] and type(site["fn"]).__name__ != "_Subsample"
-    }
-
-
-def layer_of(site_name: str) -> str:
-    """The layer a site belongs to: its ``PyroModule`` path (``"layers.1"`` for ``"layers.1.weight"``).
-
-    A site outside any submodule (a plain ``pyro.sample`` name without a dot) is a layer of its own.
-    """
-    return site_name.rpartition(".")[0] or site_name
-
-
-def last_layer_sites(sites: dict) -> list[str]:
-    """Every latent site of the last layer: the module of the last site in execution order with a
-    matrix- or filter-shaped event (a weight), with its bias and any other site of that module."""
-    weights = [name for name, site in sites.items() if len(cast(TorchDistribution, site["fn"]).event_shape) >= 2]
-    if not weights:
-        return []
-    last = layer_of(weights[-1])
-    return [name for name in sites if layer_of(name) == last]
-
-
-def select_sites(
-    model: Callable,
-    args: tuple,
-    kwargs: dict,
-    *,
-    expose: SiteFilter | None,
-    hide: SiteFilter | None,
-    mean_field_last_layer: bool,
-    check_site: Callable[[str, Any], Any],
-    is_default: Callable[[Any], bool],
-    guide_name: str,
-) -> tuple[dict[str, torch.Size | None], dict[str, Any]]:
-    """Sample-site shapes of ``model`` and ``check_site(name, prior)`` for each selected weight site.
-
-    Without ``expose`` the sites whose prior passes ``is_default`` are selected; ``expose="all"``
-    selects every latent site that ``check_site`` accepts. ``mean_field_last_layer`` leaves out
-    every site of the last layer (:func:`last_layer_sites`): its weight and its bias together.
-
-    :raises ValueError: for an exposed site that does not exist or that ``check_site`` rejects.
-    """
-    with poutine.block():
-        trace = poutine.trace(model).get_trace(*args, **kwargs)
-    sites = _latent_sites(trace)
-    if isinstance(hide, str):
-        hide = [hide]
-    if isinstance(expose, str) and expose != "all":
-        expose = [expose]
-    if expose == "all":
-        expose = [name for name, site in sites.items() if _capable(check_site, name, site["fn"])]
-    if expose is not None and not callable(expose):
-        missing = sorted(set(expose) - set(sites))
-        if missing:
-            raise ValueError(
-                f"{guide_name}: expose names {missing}, which are not latent sites; sites: {sorted(sites)}."
-            )
-    excluded = set(last_layer_sites(sites)) if mean_field_last_layer else set()
-    selected = [
-        name
-        for name, site in sites.items()
-        if (_matches(expose, name) if expose is not None else is_default(site["fn"]))
-        and not _matches(hide, name)
-        and name not in excluded
-    ]
-    layouts = {name: check_site(name, sites[name]["fn"]) for name in selected}
-    # Every sample site counts (observed ones may be sampled later, e.g. by Predictive); shapes are
-    # checked only for latent sites outside plates, which cannot change with the data size.
-    shapes = {
-        name: None if site["cond_indep_stack"] or site["is_observed"] else cast(TorchDistribution, site["fn"]).shape()
-        for name, site in trace.nodes.items()
-        if site["type"] == "sample" and type(site["fn"]).__name__ != "_Subsample"
-    }
-    return shapes, layouts
 
 
 class _StructuredSites(Messenger):

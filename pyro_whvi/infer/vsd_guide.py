@@ -45,7 +45,8 @@ from ._guide_utils import (
     pyro_params_,
 )
 from .lazy_weight import local_reparameterization_enabled
-from .model_transform import GUIDE_KEY, SiteFilter
+from .model_transform import GUIDE_KEY
+from .site_selection import SiteFilter
 from .vsd_reparam import (
     EmpiricalBayesPrior,
     VSDPosterior,

@@ -22,7 +22,6 @@ References:
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Callable
 
 import pyro
@@ -33,6 +32,7 @@ from pyro.infer.autoguide import init_to_sample
 from pyro.nn import PyroModule, PyroParam
 from torch import nn
 
+from .._moved import moved_names
 from ..distributions import WHVILayout, WHVIMatrix, WHVINormal
 from ..distributions.qg_family import COVARIANCES, NETWORK_CONVENTION, QG_CONSTRAINTS, QG_FIELDS, GaussianQG
 from ..distributions.whvi_projection import fit_whvi_site
@@ -49,7 +49,8 @@ from ._guide_utils import (
     pyro_params_,
 )
 from .lazy_weight import local_reparameterization_enabled
-from .model_transform import GUIDE_KEY, SiteFilter
+from .model_transform import GUIDE_KEY
+from .site_selection import SiteFilter, named_sites
 from .whvi_reparam import POSTERIOR_KEY, WHVIReparam, check_whvi_site, g_site_name
 
 __all__ = ["AutoWHVIGuide"]
@@ -57,28 +58,6 @@ __all__ = ["AutoWHVIGuide"]
 #: The ``PyroModule`` holding each field of ``q(g)`` (:class:`GaussianQG`); ``<group>.<g site>`` is the
 #: parameter's name in ``guide.state_dict()`` and the param store.
 QG_GROUPS = {"loc": "locs", "scale": "scales", "scale_tril": "scale_trils", "cov_factor": "cov_factors"}
-
-#: Named site selections (``sites=``): ``"paper"`` is the set-up of the WHVI paper's UCI and classification
-#: experiments (§3.2): every weight and bias on WHVI blocks, the last layer (weight and bias) mean-field.
-NAMED_SITES: dict[str, dict] = {"paper": {"expose": "all", "mean_field_last_layer": True}}
-#: The name of :data:`NAMED_SITES` before ``preset=`` became ``sites=``; kept for one release.
-PRESETS = NAMED_SITES
-
-
-def named_sites(sites: str | None, preset: str | None, owner: str) -> dict:
-    """The settings of the named selection ``sites`` (or of ``preset``, its deprecated name), else ``{}``."""
-    if preset is not None:
-        warnings.warn(
-            f"{owner}: preset= is now sites= (the same names); preset= will be removed in the next release.",
-            DeprecationWarning,
-            stacklevel=3,
-        )
-        if sites is not None and sites != preset:
-            raise ValueError(f"{owner}: pass sites= alone (preset= is its deprecated name), got both.")
-        sites = preset
-    if sites is not None and sites not in NAMED_SITES:
-        raise ValueError(f"{owner}: sites must be one of {sorted(NAMED_SITES)} or None, got {sites!r}.")
-    return NAMED_SITES[sites] if sites is not None else {}
 
 
 class _GuideOwnedReparam(WHVIReparam):
@@ -120,8 +99,9 @@ class AutoWHVIGuide(StructuredAutoGuide):
     :param mean_field_last_layer: give the last layer a mean-field guide, as in the paper's experiments
         (§3.2): every latent site of the module that holds the model's last weight (in execution
         order), its weight and bias together.
-    :param sites: a named selection of the sites (:data:`NAMED_SITES`) whose settings fill the arguments
-        left unset (``"paper"``: ``expose="all"``, ``mean_field_last_layer=True``).
+    :param sites: a named selection of the sites whose settings fill the arguments left unset
+        (:data:`~pyro_whvi.infer.site_selection.NAMED_SITES`; ``"paper"``: ``expose="all"``,
+        ``mean_field_last_layer=True``).
     :param preset: the deprecated name of ``sites`` (a ``DeprecationWarning``; removed in the next release).
     :param local_reparameterization: draw ``g`` per example in ``F.linear``/``F.conv2d`` (also
         settable later as ``guide.local_reparameterization``); one draw per example per model
@@ -316,3 +296,9 @@ class AutoWHVIGuide(StructuredAutoGuide):
         sigma = (variance * s1.shape[-1] / (s1.pow(2).mean() * s2.pow(2).mean())).sqrt()
         qg = GaussianQG.isotropic(self.covariance, torch.zeros_like(s1), sigma, rank=self.qg(site).rank)
         self.set_qg_(site, qg, what)
+
+
+__getattr__ = moved_names(
+    __name__,
+    {"PRESETS": "pyro_whvi.infer.site_selection", "NAMED_SITES": "pyro_whvi.infer.site_selection"},
+)

@@ -16,7 +16,7 @@ from torch import nn
 
 from ..distributions.whvi_projection import project_onto_whvi
 from ..infer.lazy_weight import check_example_dim
-from ..infer.whvi_guide import named_sites
+from ..infer.site_selection import named_sites
 from .base import ExecutionScope, VariationalLayer
 from .mean_field import MeanFieldLinear
 from .vsd import VSDConv2d, VSDLinear
@@ -136,7 +136,7 @@ def bayesian_(
     :param whvi_vectors: WHVI also takes the linear layers with one input or one output, as reshaped
         vectors (§2.5; the guide's ``expose="all"``), instead of making them mean-field.
     :param sites: ``"paper"``: the WHVI paper's experiments (§3.2), ``whvi_vectors=True`` and
-        ``mean_field_last_layer=True`` (as the guides' ``sites=``, :data:`pyro_whvi.infer.whvi_guide.NAMED_SITES`).
+        ``mean_field_last_layer=True`` (as the guides' ``sites=``, :data:`pyro_whvi.infer.site_selection.NAMED_SITES`).
     :param preset: the deprecated name of ``sites`` (a ``DeprecationWarning``; removed in the next release).
     :param skip: names (as in ``named_modules()``) of layers to leave deterministic.
     :param keep_weights: start each posterior mean at the layer's current weight and bias (a

@@ -25,7 +25,7 @@ class GuideCaseBase:
     :meth:`initialize` (e.g. I-BLM), :meth:`may_stay`, ``unsupported_elbos`` and the sizes below.
 
     Every configuration of the library trains with all three ELBOs (checked: none needs ``unsupported_elbos``).
-    Each test runs in float64, with Pyro's validation on, seed 0 and an empty param store (:meth:`_environment`)."""
+    Each test runs in float64, with Pyro's validation on, seed 0 and an empty param store (an autouse fixture)."""
 
     #: Parameter groups (the guide's attribute holding them, e.g. ``"whvi_s1"``, ``"vsd_theta"``) that each
     #: structured site must have parameters in; empty for a guide without structured sites.

@@ -84,16 +84,25 @@ def train_keeping_best(
     return keeper
 
 
-def select_best(settings: Iterable[Setting], fit: Callable[[Setting], tuple]) -> tuple:
-    """Fit every setting; ``fit(setting)`` returns ``(keeper, *extras)`` with ``keeper`` a trained :class:`KeepBest`.
+def select_best(
+    settings: Iterable[Setting], fit: Callable[[Setting], tuple], score: Callable[[tuple], float] | None = None
+) -> tuple:
+    """Train every candidate setting and keep the best on held-out rows: the library's one such path
+    (``whvi uci``'s choice among ``--kl-weight`` candidates and the VSD benchmarks' grids both use it).
 
-    :returns: ``(keeper, setting, *extras)`` of the highest ``keeper.best_score`` (ties: the first setting).
+    :param fit: ``fit(setting)`` trains the setting and returns ``(result, *extras)``.
+    :param score: the held-out score of ``fit``'s return value, higher is better; default
+        ``result.best_score`` (``result`` a trained :class:`KeepBest`). A NaN score never wins over a number.
+    :returns: ``(result, setting, *extras)`` of the best score (ties: the first setting).
     """
     chosen: tuple | None = None
+    chosen_score = -math.inf
     for setting in settings:
-        keeper, *extras = fit(setting)
-        if chosen is None or keeper.best_score > chosen[0].best_score:
-            chosen = (keeper, setting, *extras)
+        result, *extras = fit(setting)
+        value = score((result, *extras)) if score is not None else result.best_score
+        value = -math.inf if math.isnan(value) else value
+        if chosen is None or value > chosen_score:
+            chosen, chosen_score = (result, setting, *extras), value
     if chosen is None:
         raise ValueError("select_best: no candidate settings")
     return chosen

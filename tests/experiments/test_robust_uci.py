@@ -170,7 +170,7 @@ def test_unreadable_split_file_is_named_and_trained_again(tmp_path, capsys, cont
 
 
 def test_result_files_are_replaced_atomically(tmp_path, monkeypatch):
-    import pyro_whvi.experiments.reporting as results
+    import pyro_whvi.train.files as results  # write_atomic lives there (reporting imports it)
 
     replaced: list[tuple[Path, Path]] = []
     real_replace = results.os.replace

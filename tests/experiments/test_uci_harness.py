@@ -182,7 +182,7 @@ def test_several_kl_weights_are_chosen_on_validation_rows_then_trained_on_all(tm
     held-out rest (the scores are those of training that candidate directly); the lowest validation MNLL wins
     (a NaN never does) and the split is trained on all its training rows with it. Finished candidates are read
     back, not trained again."""
-    from pyro_whvi.experiments import uci
+    from pyro_whvi.experiments import uci, uci_train
     from pyro_whvi.experiments.uci_report import evaluate
 
     schedule = Schedule(steps=20, fixed_noise_steps=0, batch_size=16, lr=0.05)
@@ -208,7 +208,7 @@ def test_several_kl_weights_are_chosen_on_validation_rows_then_trained_on_all(tm
     best, scores, _ = uci.choose_kl_weight("diabetes", mfg, 0, config, store)
     assert scores == pytest.approx(expected, rel=1e-6) and repr(best) == min(expected, key=expected.__getitem__)
     # The stored scores decide without training: the lowest wins, a NaN never.
-    monkeypatch.setattr(uci, "train_split", lambda *args, **kwargs: pytest.fail("trained a finished candidate"))
+    monkeypatch.setattr(uci_train, "train_split", lambda *args, **kwargs: pytest.fail("trained a finished candidate"))
     stored = json.loads(store.read_text())
     cases = [
         ({"1.0": 5.0, "0.01": 3.0}, 0.01),

@@ -147,14 +147,14 @@ def test_importing_the_library_does_not_import_triton():
 @pytest.mark.parametrize("arch", [80, 90])
 @pytest.mark.parametrize("kernel", ["fwht", "whvi_matvec", "whvi_matvec_backward", "fastfood", "fastfood_transpose"])
 def test_kernels_compile_for_the_gpu_without_spilling(kernel, arch):
-    from pyro_whvi.ops import triton_backend
+    from pyro_whvi.ops import triton_backend, triton_resources
 
     kernel = f"{kernel}_kernel"
     module = triton_backend.kernels()
     for size in (2, 128, 1024, 2048, 8192):  # Fastfood: register gather up to 1024, the scratch slot above
         for dtype in (torch.float32, torch.bfloat16, torch.float64):
             fused = module.max_fused_size(kernel, dtype == torch.float64)
-            usage = triton_backend.resource_usage(kernel, min(size, fused), dtype, arch)
+            usage = triton_resources.resource_usage(kernel, min(size, fused), dtype, arch)
             assert usage["spill_bytes"] == 0, (kernel, size, dtype, arch, usage)
             assert usage["registers"] <= 255
 
@@ -162,13 +162,13 @@ def test_kernels_compile_for_the_gpu_without_spilling(kernel, arch):
 @pytest.mark.parametrize("arch", [80, 90])
 @pytest.mark.parametrize("kernel", ["whvi_design_kernel", "whvi_design_backward_kernel"])
 def test_design_kernels_compile_for_the_gpu_without_spilling(kernel, arch):
-    from pyro_whvi.ops import triton_backend
+    from pyro_whvi.ops import triton_backend, triton_resources
 
     module = triton_backend.kernels()
     for size in (2, 16, 64, 128, 256, 1024, 8192):  # one tile up to 64 (32 in float64), chunks of rows above
         for dtype in (torch.float32, torch.float64):
             size = min(size, module.max_fused_size(kernel, dtype == torch.float64))
-            usage = triton_backend.resource_usage(kernel, size, dtype, arch)
+            usage = triton_resources.resource_usage(kernel, size, dtype, arch)
             assert usage["spill_bytes"] == 0, (kernel, size, dtype, arch, usage)
 
 

@@ -1,0 +1,204 @@
+"""Training one split of ``whvi uci``: :func:`train_split` (a method on a split's training rows, seeded), its
+predictions (:func:`predict_split`), and the choice among several KL weights on held-out training rows
+(:func:`choose_kl_weight`, through the library's one selection path,
+:func:`~pyro_whvi.train.selection.select_best`). :mod:`~pyro_whvi.experiments.uci` runs the splits.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import warnings
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import pyro
+import torch
+
+from ..train.engine import Checkpoint
+from ..train.selection import holdout, select_best
+from .methods import MethodSpec, build_method, fit, predictive_samples
+from .reporting import write_atomic
+from .uci_config import UCIConfig
+from .uci_data import UCIData, data_key, dataset_name, load_dataset_split
+from .uci_report import evaluate
+
+__all__ = [
+    "TrainedSplit",
+    "check_validation",
+    "choose_kl_weight",
+    "predict_split",
+    "read_saved",
+    "train_split",
+    "validation_part",
+]
+
+
+@dataclass
+class TrainedSplit:
+    """What :func:`train_split` leaves: the split's data, the trained model and guide, the losses and the time."""
+
+    data: UCIData
+    model: Any
+    guide: Any
+    losses: list[float]
+    seconds: float
+
+
+def train_split(
+    source: str | Path,
+    spec: MethodSpec,
+    split: int,
+    config: UCIConfig,
+    checkpoint: Checkpoint | None = None,
+    *,
+    kl_weight: float | None = None,
+    data: UCIData | None = None,
+    validation: bool = False,
+) -> TrainedSplit:
+    """Build ``spec``'s network for split ``split`` (seeded with ``config.seed + split``) and train it on
+    the split's training data (in every rank of a process group: each its shard).
+
+    :param kl_weight: the KL term's weight; default ``config.kl_weight``, which must then be a single one.
+    :param data: the split as loaded by the caller, or a part of it to train on instead (a validation holdout's
+        fit part, :func:`choose_kl_weight`); default: the split, loaded here.
+    :param validation: ``data`` is such a fit part (the progress bar says so)."""
+    if kl_weight is None:
+        if len(config.kl_weights) > 1:
+            raise ValueError(
+                f"train_split: config.kl_weight holds {len(config.kl_weights)} candidates; pass the one to train "
+                "with as kl_weight (choose_kl_weight chooses one)"
+            )
+        kl_weight = config.kl_weights[0]
+    if data is None:
+        data = load_dataset_split(source, split, standardize_targets=config.standardize_targets)
+    pyro.set_rng_seed(config.seed + split)
+    pyro.clear_param_store()
+    regression = data.task == "regression"
+    widths = [data.x_train.shape[1], *[config.hidden] * config.layers, 1 if regression else data.num_classes]
+    model, guide = build_method(
+        spec,
+        widths,
+        likelihood="gaussian" if regression else "categorical",
+        noise_scale=config.noise_scale,
+        dropout=config.dropout,
+        flows=config.flows,
+        reflections=config.reflections,
+    )
+    model.to(config.device)  # its priors follow (the guide's parameters are made on the model's device)
+    start = time.perf_counter()
+    label = f"{dataset_name(source)} {spec.name} split {split}"
+    if len(config.kl_weights) > 1:
+        label += f" KL {kl_weight:g}" + (" (validation)" if validation else "")
+    losses = fit(
+        spec,
+        model,
+        guide,
+        data.x_train.to(config.device),
+        data.y_train.to(config.device),
+        config.schedule,
+        seed=config.seed + split,
+        progress=label if config.progress else False,
+        checkpoint=checkpoint,
+        kl_weight=kl_weight,
+    )
+    return TrainedSplit(data, model, guide, losses, time.perf_counter() - start)
+
+
+def predict_split(
+    trained: TrainedSplit, x_test: torch.Tensor, config: UCIConfig
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Predictive samples of ``f`` on ``x_test`` and the learned noise scale (regression), on the CPU for the
+    metrics, whatever ``config.device`` trained on."""
+    f = predictive_samples(trained.model, trained.guide, x_test.to(config.device), config.samples).cpu()
+    regression = trained.data.task == "regression"
+    return f, trained.model.noise_scale.detach().cpu() if regression else None
+
+
+def validation_part(data: UCIData, fraction: float, seed: int) -> UCIData:
+    """``data`` with its training rows split by :func:`~pyro_whvi.train.selection.holdout`: a ``fraction``
+    of them in the place of the test rows, the rest to train on (the scaling is the full training rows')."""
+    fit_rows, val_rows = holdout(len(data.y_train), fraction, seed)
+    if len(val_rows) < 1 or len(fit_rows) < 2:
+        raise ValueError(
+            f"val_fraction (--val-fraction) {fraction} of {len(data.y_train)} training rows leaves {len(fit_rows)} "
+            f"to train on and {len(val_rows)} to validate on; choose one that leaves at least 2 and 1, or one KL weight"
+        )
+    x, y = data.x_train, data.y_train
+    return replace(data, x_train=x[fit_rows], y_train=y[fit_rows], x_test=x[val_rows], y_test=y[val_rows])
+
+
+def check_validation(source: str | Path, config: UCIConfig) -> None:
+    """A ``ValueError`` before any training when ``config`` chooses among KL weights and its ``val_fraction``
+    leaves a split too few rows to train on or to validate on (:func:`validation_part`)."""
+    if len(config.kl_weights) > 1:
+        for split in config.splits:
+            data = load_dataset_split(source, split, standardize_targets=config.standardize_targets)
+            validation_part(data, config.val_fraction, config.seed + split)
+
+
+def choose_kl_weight(
+    source: str | Path,
+    spec: MethodSpec,
+    split: int,
+    config: UCIConfig,
+    store: Path | None = None,
+    data: UCIData | None = None,
+) -> tuple[float, dict[str, float], float]:
+    """Train ``spec`` with each of ``config.kl_weights`` on the fit part of split ``split``'s training rows
+    (:func:`validation_part`) and score it on the rest: test MNLL for regression, NLL for classification.
+
+    :param store: a JSON file that keeps each finished candidate's score and seconds (and, while it trains, a
+        checkpoint next to it), so that a rerun with the same settings does not train it again.
+    :param data: the split, when the caller has loaded it (:func:`run_split` loads it once and passes it down).
+    :returns: the weight with the lowest score (ties: the first given; a NaN score never wins), every
+        candidate's score by ``repr(weight)``, and the seconds their training took.
+    """
+    if data is None:
+        data = load_dataset_split(source, split, standardize_targets=config.standardize_targets)
+    part = validation_part(data, config.val_fraction, config.seed + split)
+    fingerprint = config.fingerprint(spec.name, data_key(source, split))
+    saved = read_saved(store, "scores") if store is not None else {}
+    if saved.get("fingerprint") != fingerprint:
+        saved = {"fingerprint": fingerprint, "scores": {}, "seconds": {}}
+    scores, seconds = saved["scores"], saved.setdefault("seconds", {})
+    metric = "mnll" if data.task == "regression" else "nll"
+
+    def fit(weight: float) -> tuple[float]:
+        name = repr(weight)
+        if name not in scores:  # a rerun with the same settings reads the finished candidates back
+            checkpoint = None
+            if store is not None and config.checkpoint_every:
+                checkpoint = Checkpoint(store.with_suffix(f".kl{name}.ckpt"), config.checkpoint_every, fingerprint)
+            trained = train_split(source, spec, split, config, checkpoint, kl_weight=weight, data=part, validation=True)
+            f, noise = predict_split(trained, part.x_test, config)
+            scores[name], seconds[name] = evaluate(part, f, noise)[metric], trained.seconds
+            if store is not None:
+                write_atomic(store, json.dumps(saved, indent=2))
+                if checkpoint is not None:
+                    checkpoint.path.unlink(missing_ok=True)
+        return (scores[name],)
+
+    # Lower MNLL/NLL is better: select_best maximizes the negated score (ties: the first weight given).
+    _, best, *_ = select_best(config.kl_weights, fit, score=lambda result: -result[0])
+    names = [repr(weight) for weight in config.kl_weights]
+    return best, {name: scores[name] for name in names}, sum(seconds.get(name, 0.0) for name in names)
+
+
+def read_saved(path: Path, content: str = "row") -> dict[str, Any]:
+    """A stored split result (its ``content`` a dict), or ``{}`` if there is none; an unreadable one (empty,
+    truncated) is named in a warning and treated as missing."""
+    if not path.exists():
+        return {}
+    try:
+        text = path.read_text()
+        if not text.strip():
+            raise ValueError("empty file")
+        saved = json.loads(text)
+        if not isinstance(saved, dict) or not isinstance(saved.get(content), dict):
+            raise ValueError(f"no {content}")
+    except (OSError, ValueError) as error:
+        warnings.warn(f"{path} is unreadable ({error}); training what it held again", stacklevel=3)
+        return {}
+    return saved
