@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     meta = {"data_dir": str(args.data_dir), "method": args.method, **protocol, "draws": args.draws}
     flat = [{k: v for k, v in row.items() if k != "kl_sites"} for row in rows]
     name = f"elbo_terms_{dataset_name(args.data_dir)}_{args.method}" + (
-        "" if args.preset == "table3" else f"_{args.preset}"
+        "" if args.protocol == "table3" else f"_{args.protocol}"
     )
     save_tables(args.out, name, {**meta, "rows": rows}, flat, text)
     print(text)

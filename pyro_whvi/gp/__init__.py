@@ -2,7 +2,8 @@
 
 * :class:`RandomFeatureKernel` — RBF random Fourier features with dense, Fastfood or SORF projections.
 * :class:`RandomFeatureGP` — the linearized GP ``f = Phi(x) w`` with a Gaussian or WHVI posterior over ``w``,
-  a GPyTorch ``ApproximateGP`` whose :class:`RandomFeatureVariationalStrategy` treats ``w`` as the inducing variables.
+  a GPyTorch ``ApproximateGP`` whose :class:`RandomFeatureVariationalStrategy` (:class:`WHVIVariationalStrategy` for
+  WHVI) treats ``w`` as the inducing variables and owns the feature design; the posteriors are pure ``q(z)``.
 
 Fitting and predicting with them next to inducing-point baselines is the application's
 (:mod:`pyro_whvi.experiments.gp_regressors`, :mod:`pyro_whvi.experiments.baselines`).
@@ -11,7 +12,7 @@ Fitting and predicting with them next to inducing-point baselines is the applica
 from .kernel import RandomFeatureKernel
 from .posteriors import COVARIANCES, GaussianWeightPosterior, WeightPosterior, WHVIWeightPosterior
 from .random_feature_gp import POSTERIORS, RandomFeatureGP, check_regression_data
-from .variational_strategy import RandomFeatureVariationalStrategy
+from .variational_strategy import RandomFeatureVariationalStrategy, WHVIVariationalStrategy
 
 __all__ = [
     "COVARIANCES",
@@ -20,6 +21,7 @@ __all__ = [
     "RandomFeatureGP",
     "RandomFeatureKernel",
     "RandomFeatureVariationalStrategy",
+    "WHVIVariationalStrategy",
     "WHVIWeightPosterior",
     "WeightPosterior",
     "check_regression_data",

@@ -3,20 +3,20 @@ r"""Variational posteriors over the weights ``w`` of a linearized GP ``f = Phi(x
 Shape letters: ``N`` inputs, ``F`` features (``N_RF``), ``L`` latent dimension of ``q`` (``F`` for a
 Gaussian over ``w``, ``D`` for WHVI), ``R`` columns of the covariance root, ``...`` batch.
 
-Every posterior is linear-Gaussian in its latent ``z ~ N(mu, C C^T)``: ``f = Psi(x) z`` for a design
-``Psi`` computed from the features. :meth:`WeightPosterior.design` is the one hook a posterior
-implements; the predictive mean ``Psi mu``, the covariance root ``Psi C`` (``N x R``, never ``N x N``),
-the closed-form KL and the conjugate optimum are shared, and are those of the one ``q(g)`` family,
+Every posterior is a pure ``q(z) = N(mu, C C^T)`` over the latent ``z`` with ``f = Psi(x) z``; the design
+``Psi`` (and WHVI's ``S1``, ``S2``) belongs to the variational strategy
+(:mod:`~pyro_whvi.gp.variational_strategy`), as GPyTorch's strategies own the map from inducing values to
+``f``. The closed-form KL and the conjugate optimum given a design are those of the one ``q(g)`` family,
 :class:`~pyro_whvi.distributions.qg_family.GaussianQG` (this module only stores its values, with
 softplus-parameterized scales). Each posterior is GPyTorch's variational distribution over these
 "inducing" weights (:class:`gpytorch.variational._VariationalDistribution`); the strategy that maps it
 to ``q(f)`` is :class:`~pyro_whvi.gp.variational_strategy.RandomFeatureVariationalStrategy`.
 
-* :class:`GaussianWeightPosterior`: ``z = w``, ``Psi = Phi``, prior ``N(0, I)``.
-* :class:`WHVIWeightPosterior`: ``w`` reshaped into a ``D x D`` matrix ``W = S1 H diag(g) H S2`` with
-  ``D^2 >= F`` (WHVI paper §2.5), ``z = g``, and ``Psi(x)_k = [H (S1 R(x) S2) H]_kk`` with
-  ``R(x)`` the features reshaped the same way (:func:`pyro_whvi.ops.whvi_design`, one pass over the
-  features and one length-``D`` FWHT per input); ``O(sqrt F)`` parameters.
+* :class:`GaussianWeightPosterior`: ``z = w``, prior ``N(0, I)`` (the strategy's design is ``Psi = Phi``).
+* :class:`WHVIWeightPosterior`: ``z = g`` of ``w`` reshaped into a ``D x D`` matrix ``W = S1 H diag(g) H S2``
+  with ``D^2 >= F`` (WHVI paper §2.5), prior ``N(0, D I)``; the strategy
+  (:class:`~pyro_whvi.gp.variational_strategy.WHVIVariationalStrategy`) holds ``S1``, ``S2`` and the design
+  ``Psi(x)_k = [H (S1 R(x) S2) H]_kk``; ``O(sqrt F)`` parameters in all.
 
 References:
     S. Rossi, S. Marmin, M. Filippone. *Walsh-Hadamard Variational Inference for Bayesian Deep
@@ -38,7 +38,6 @@ from torch import Tensor
 from ..distributions.layout import WHVILayout
 from ..distributions.qg_family import GP_CONVENTION, GaussianQG, check_covariance
 from ..nn.base import softplus_inverse
-from ..ops import fwht, whvi_design
 
 __all__ = ["COVARIANCES", "GaussianWeightPosterior", "WHVIWeightPosterior", "WeightPosterior"]
 
@@ -78,10 +77,6 @@ class WeightPosterior(_VariationalDistribution, ABC):
         self.raw_scale = torch.nn.Parameter(softplus_inverse(_root_diagonal(initial)))
         if initial.scale_tril is not None:
             self.scale_tril_offdiag = torch.nn.Parameter(torch.tril(initial.scale_tril, -1))
-
-    @abstractmethod
-    def design(self, features: Tensor) -> Tensor:
-        """``Psi``: ``(..., N, F)`` features to the ``(..., N, L)`` design with ``f = Psi z``."""
 
     @property
     @abstractmethod
@@ -166,50 +161,34 @@ class GaussianWeightPosterior(WeightPosterior):
     def __init__(self, num_features: int, covariance: str = "diagonal"):
         super().__init__(num_features, covariance, prior_variance=1.0)
 
-    def design(self, features: Tensor) -> Tensor:
-        return features
-
     @property
     def num_variational_parameters(self) -> int:
         return self.latent_dim + self._covariance_parameters()
 
 
 class WHVIWeightPosterior(WeightPosterior):
-    r"""WHVI over ``w`` reshaped into ``W = S1 H diag(g) H S2`` (``D x D``, ``D^2 >= F``), ``q(g) = N(mu, C C^T)``.
+    r"""WHVI's ``q(g) = N(mu, C C^T)`` over the ``D`` latents of ``w`` reshaped into ``W = S1 H diag(g) H S2``
+    (``D x D``, ``D^2 >= F``), prior :math:`\mathcal N(0, \lambda I)`.
 
-    ``S1``, ``S2`` are point estimates (initialized to 1); the prior is on ``g``,
-    :math:`\mathcal N(0, \lambda I)`. The default :math:`\lambda = D` gives each entry of ``W`` unit prior
-    variance when ``S1 = S2 = I``, the scale of the GP prior ``w ~ N(0, I)``: the
-    :data:`~pyro_whvi.distributions.qg_family.GP_CONVENTION` (networks use ``NETWORK_CONVENTION``,
-    weight variance ``1/D``; see :mod:`~pyro_whvi.distributions.qg_family`).
+    ``S1``, ``S2`` are point estimates of the design, held by
+    :class:`~pyro_whvi.gp.variational_strategy.WHVIVariationalStrategy`. The default :math:`\lambda = D`
+    gives each entry of ``W`` unit prior variance when ``S1 = S2 = I``, the scale of the GP prior
+    ``w ~ N(0, I)``: the :data:`~pyro_whvi.distributions.conventions.GP_CONVENTION` (networks use
+    ``NETWORK_CONVENTION``, weight variance ``1/D``; see :mod:`~pyro_whvi.distributions.qg_family`).
 
     :param num_features: ``F``.
-    :param covariance: ``"diagonal"`` (``4D`` parameters) or ``"full"`` (``3D + D(D+1)/2``).
+    :param covariance: ``"diagonal"`` or ``"full"``.
     :param prior_variance: ``lambda`` (default ``D``).
     """
 
     def __init__(self, num_features: int, covariance: str = "diagonal", prior_variance: float | None = None):
         layout = WHVILayout.for_shape((num_features,), site="RandomFeatureGP weights")
-        block = layout.block_size
-        prior_variance = GP_CONVENTION.resolve_prior_variance(block, prior_variance)
-        super().__init__(block, covariance, prior_variance=prior_variance)
-        self.num_features = num_features
-        s1, s2 = GP_CONVENTION.init_scales((block,), prior_variance, torch.zeros(()))
-        self.s1 = torch.nn.Parameter(s1)
-        self.s2 = torch.nn.Parameter(s2)
-
-    def design(self, features: Tensor) -> Tensor:
-        block = self.latent_dim
-        if features.shape[-1] < block * block:
-            features = F.pad(features, (0, block * block - features.shape[-1]))
-        return whvi_design(features.unflatten(-1, (block, block)), self.s1, self.s2)
-
-    def weight_mean(self) -> Tensor:
-        """``E_q[w]``, ``(F,)``: the first ``F`` entries of ``S1 H diag(mu) H S2`` read row by row."""
-        eye = torch.eye(self.latent_dim, dtype=self.loc.dtype, device=self.loc.device)
-        matrix = self.s1[:, None] * fwht(fwht(eye * self.loc).mT).mT * self.s2
-        return matrix.flatten()[: self.num_features]
+        prior_variance = GP_CONVENTION.resolve_prior_variance(layout.block_size, prior_variance)
+        super().__init__(layout.block_size, covariance, prior_variance=prior_variance)
+        self.layout, self.num_features = layout, num_features
 
     @property
     def num_variational_parameters(self) -> int:
+        """The free parameters of WHVI's ``q(w)``: ``q(g)``'s and the ``2D`` of ``S1``, ``S2`` (which the
+        strategy holds): ``4D`` (diagonal) or ``3D + D(D+1)/2`` (full)."""
         return 3 * self.latent_dim + self._covariance_parameters()

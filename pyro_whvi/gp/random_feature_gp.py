@@ -37,7 +37,7 @@ from torch import Tensor
 
 from .kernel import RandomFeatureKernel
 from .posteriors import COVARIANCES, GaussianWeightPosterior, WeightPosterior, WHVIWeightPosterior
-from .variational_strategy import RandomFeatureVariationalStrategy, root_covariance
+from .variational_strategy import RandomFeatureVariationalStrategy, WHVIVariationalStrategy, root_covariance
 
 __all__ = ["POSTERIORS", "RandomFeatureGP", "check_regression_data"]
 
@@ -103,12 +103,16 @@ class RandomFeatureGP(gpytorch.models.ApproximateGP):
             raise ValueError(
                 "RandomFeatureGP: prior_variance applies to posterior='whvi' only (w ~ N(0, I) otherwise)."
             )
-        weights: WeightPosterior
+        strategy: RandomFeatureVariationalStrategy
+        like = kernel.raw_lengthscale
         if posterior == "gaussian":
-            weights = GaussianWeightPosterior(kernel.num_features, covariance)
+            strategy = RandomFeatureVariationalStrategy(
+                self, GaussianWeightPosterior(kernel.num_features, covariance).to(like)
+            )
         else:
-            weights = WHVIWeightPosterior(kernel.num_features, covariance, prior_variance)
-        super().__init__(RandomFeatureVariationalStrategy(self, weights.to(kernel.raw_lengthscale)))
+            weights = WHVIWeightPosterior(kernel.num_features, covariance, prior_variance).to(like)
+            strategy = WHVIVariationalStrategy(self, weights)
+        super().__init__(strategy)
         self.covar_module = kernel
         self.mean_module = mean_module if mean_module is not None else gpytorch.means.ZeroMean()
         self.posterior = posterior
@@ -147,5 +151,5 @@ class RandomFeatureGP(gpytorch.models.ApproximateGP):
         For WHVI, ``S1`` and ``S2`` are kept and ``q(g)`` is set.
         """
         check_regression_data(x, y)
-        design = self.weights.design(self.covar_module.feature_map(x))
+        design = self.variational_strategy.feature_design(self.covar_module.feature_map(x))
         self.weights.set_conjugate_(design, y - self.mean_module(x), noise_variance)

@@ -26,6 +26,7 @@ from typing import Any
 
 import gpytorch
 import torch
+import torch.nn.functional as F
 from gpytorch.distributions import MultivariateNormal
 from gpytorch.variational import _VariationalStrategy
 from linear_operator.operators import (
@@ -36,10 +37,12 @@ from linear_operator.operators import (
 )
 from torch import Tensor
 
+from ..distributions.conventions import GP_CONVENTION
+from ..ops import fwht, whvi_design
 from .fourier_design import whvi_fourier_design
 from .posteriors import WeightPosterior, WHVIWeightPosterior
 
-__all__ = ["RandomFeatureVariationalStrategy", "root_covariance"]
+__all__ = ["RandomFeatureVariationalStrategy", "WHVIVariationalStrategy", "root_covariance"]
 
 
 def root_covariance(root: Tensor) -> RootLinearOperator:
@@ -90,14 +93,17 @@ class RandomFeatureVariationalStrategy(_VariationalStrategy):
         return self.weight_posterior.kl_divergence()
 
     def design(self, x: Tensor) -> Tensor:
-        """``Psi(x)``, ``(..., N, L)``: WHVI's from the feature angles by :func:`whvi_fourier_design` (one
-        compiled backward pass instead of three), the features themselves for a Gaussian ``q(w)``."""
-        kernel = self.model.covar_module
-        posterior = self.weight_posterior
-        if isinstance(posterior, WHVIWeightPosterior):
-            angles, scale = kernel.feature_angles(x)
-            return whvi_fourier_design(angles, scale, posterior.s1, posterior.s2)
-        return posterior.design(kernel.feature_map(x))
+        """``Psi(x)``, ``(..., N, L)``: the map from ``z`` to ``f = Psi(x) z``; here the features themselves."""
+        return self.feature_design(self.model.covar_module.feature_map(x))
+
+    def feature_design(self, features: Tensor) -> Tensor:
+        """``Psi`` from features already computed, ``(..., N, F)`` to ``(..., N, L)``."""
+        return features
+
+    @property
+    def num_variational_parameters(self) -> int:
+        """The free parameters of ``q(w)`` (``q(z)``'s and the design's; hyperparameters not counted)."""
+        return self.weight_posterior.num_variational_parameters
 
     def prior_mean(self, x: Tensor, mean: Tensor) -> Tensor:
         """``mean + m(x)``; a :class:`~gpytorch.means.ZeroMean` is skipped (adding zeros changes no value)."""
@@ -150,4 +156,49 @@ class RandomFeatureVariationalStrategy(_VariationalStrategy):
         for name in self.weight_posterior.state_dict():
             if prefix + name in state_dict and "." not in name:
                 state_dict[f"{prefix}_variational_distribution.{name}"] = state_dict.pop(prefix + name)
+        # Before the strategy owned the design, WHVI's S1 and S2 sat in the posterior: move them up here.
+        for name in self._parameters:
+            old = f"{prefix}_variational_distribution.{name}"
+            if old in state_dict and prefix + name not in state_dict:
+                state_dict[prefix + name] = state_dict.pop(old)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+
+class WHVIVariationalStrategy(RandomFeatureVariationalStrategy):
+    r"""The strategy of a WHVI posterior: ``w`` reshaped into ``W = S1 H diag(g) H S2`` (``D x D``, ``D^2 >= F``,
+    WHVI paper §2.5), with ``S1``, ``S2`` point estimates of its design (initialized to 1: the
+    :data:`~pyro_whvi.distributions.conventions.GP_CONVENTION`) and ``q(g)`` the
+    :class:`~pyro_whvi.gp.posteriors.WHVIWeightPosterior`.
+
+    Its design is ``Psi(x)_k = [H (S1 R(x) S2) H]_kk`` with ``R(x)`` the features reshaped the same way: from
+    the feature angles by :func:`~pyro_whvi.gp.fourier_design.whvi_fourier_design` (one compiled backward pass
+    instead of three) in :meth:`design`, from features by :func:`pyro_whvi.ops.whvi_design` in
+    :meth:`feature_design`.
+
+    References:
+        WHVI paper (Rossi et al., NeurIPS 2020), §2.2, §2.5, App. D.4.
+    """
+
+    def __init__(self, model: gpytorch.models.ApproximateGP, variational_distribution: WHVIWeightPosterior):
+        super().__init__(model, variational_distribution)
+        block, loc = variational_distribution.latent_dim, variational_distribution.loc
+        s1, s2 = GP_CONVENTION.init_scales((block,), variational_distribution.prior_variance, loc.detach())
+        self.s1 = torch.nn.Parameter(s1)
+        self.s2 = torch.nn.Parameter(s2)
+
+    def design(self, x: Tensor) -> Tensor:
+        angles, scale = self.model.covar_module.feature_angles(x)
+        return whvi_fourier_design(angles, scale, self.s1, self.s2)
+
+    def feature_design(self, features: Tensor) -> Tensor:
+        block = self.weight_posterior.latent_dim
+        if features.shape[-1] < block * block:
+            features = F.pad(features, (0, block * block - features.shape[-1]))
+        return whvi_design(features.unflatten(-1, (block, block)), self.s1, self.s2)
+
+    def weight_mean(self) -> Tensor:
+        """``E_q[w]``, ``(F,)``: the first ``F`` entries of ``S1 H diag(mu) H S2`` read row by row."""
+        loc = self.weight_posterior.loc
+        eye = torch.eye(loc.shape[-1], dtype=loc.dtype, device=loc.device)
+        matrix = self.s1[:, None] * fwht(fwht(eye * loc).mT).mT * self.s2
+        return matrix.flatten()[: self.weight_posterior.num_features]

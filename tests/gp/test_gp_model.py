@@ -22,7 +22,7 @@ POSTERIORS = [("gaussian", "diagonal"), ("gaussian", "full"), ("whvi", "diagonal
 def _randomize(model: RandomFeatureGP, seed: int = 0) -> None:
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        for parameter in model.weights.parameters():
+        for parameter in model.variational_strategy.parameters():  # q(z) and the design's S1, S2 (WHVI)
             parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.5 + (parameter == 1).double())
 
 
@@ -34,7 +34,7 @@ def _dense_weight_map(model: RandomFeatureGP) -> torch.Tensor:
         return torch.eye(weights.latent_dim)
     block = weights.latent_dim
     h = torch.tensor(hadamard(block), dtype=torch.float64) / math.sqrt(block)
-    s1, s2 = weights.s1.detach(), weights.s2.detach()
+    s1, s2 = model.variational_strategy.s1.detach(), model.variational_strategy.s2.detach()
     columns = [(s1[:, None] * h @ torch.diag(torch.eye(block)[k]) @ h * s2).flatten() for k in range(block)]
     return torch.stack(columns, dim=-1)[: weights.num_features]
 
@@ -58,7 +58,7 @@ def test_moments_and_kl_match_dense_linear_algebra(posterior, covariance):
     expected_cov = features @ weight_map @ covariance_z @ weight_map.T @ features.T
     assert torch.allclose(dist.covariance_matrix, expected_cov, atol=1e-10)
     if posterior == "whvi":
-        assert torch.allclose(model.weights.weight_mean(), weight_map @ loc, atol=1e-12)
+        assert torch.allclose(model.variational_strategy.weight_mean(), weight_map @ loc, atol=1e-12)
 
     prior = torch.distributions.MultivariateNormal(
         torch.zeros_like(loc), covariance_matrix=model.weights.prior_variance * torch.eye(loc.numel())
@@ -78,7 +78,8 @@ def test_parameter_counts(posterior, covariance):
         ("whvi", "full"): 3 * block + block * (block + 1) // 2,
     }[(posterior, covariance)]
     assert model.weights.num_variational_parameters == expected
-    free = sum(p.numel() for p in model.weights.parameters())
+    assert model.variational_strategy.num_variational_parameters == expected
+    free = sum(p.numel() for p in model.variational_strategy.parameters())  # q(z)'s and the design's S1, S2
     if covariance == "full":
         free -= model.weights.latent_dim * (model.weights.latent_dim + 1) // 2  # the unused upper triangle
     assert free == expected
@@ -228,9 +229,14 @@ def test_is_a_gpytorch_approximate_gp_whose_inducing_variables_are_the_weights()
     assert isinstance(model.weights, gpytorch.variational._VariationalDistribution)
     assert model.weights is strategy._variational_distribution
     assert strategy.inducing_points.shape == (model.weights.latent_dim, 0)  # weights have no input locations
-    # q's tensors alone make the state dict: the strategy's placeholder buffers carry nothing
-    assert {name.rsplit(".", 1)[0] for name in model.state_dict() if "variational_strategy" in name} == {
-        "variational_strategy._variational_distribution"
+    # q's tensors and the design's S1, S2 make the state dict: the strategy's placeholder buffers carry nothing
+    assert {name for name in model.state_dict() if "variational_strategy" in name} == {
+        "variational_strategy.s1",
+        "variational_strategy.s2",
+        *(
+            f"variational_strategy._variational_distribution.{name}"
+            for name in ("loc", "raw_scale", "scale_tril_offdiag")
+        ),
     }
 
 
@@ -326,11 +332,28 @@ def test_strategy_kl_forward_and_prior_are_gpytorchs_definitions(posterior, cova
 def test_loads_state_dicts_written_before_the_variational_strategy():
     """Earlier versions kept q's tensors directly under ``variational_strategy.``; they still load, strictly."""
     model = _float64_model("whvi", "full", seed=5)
+    _randomize(model, seed=3)
     old_keys = {k.replace("_variational_distribution.", ""): v for k, v in model.state_dict().items()}
     assert "variational_strategy.loc" in old_keys
     fresh = _float64_model("whvi", "full", seed=6)
     fresh.load_state_dict(old_keys)
     torch.testing.assert_close(fresh.state_dict(), model.state_dict(), rtol=0, atol=0)
+
+
+def test_loads_state_dicts_written_when_the_posterior_held_s1_and_s2():
+    """Before the strategy owned the design, WHVI's ``S1``, ``S2`` sat in the posterior; such state dicts still
+    load, strictly, into the strategy."""
+    model = _float64_model("whvi", "diagonal", seed=5)
+    _randomize(model, seed=4)
+    old_keys = {
+        k.replace("variational_strategy.s", "variational_strategy._variational_distribution.s"): v
+        for k, v in model.state_dict().items()
+    }
+    assert "variational_strategy._variational_distribution.s1" in old_keys
+    fresh = _float64_model("whvi", "diagonal", seed=6)
+    fresh.load_state_dict(old_keys)
+    torch.testing.assert_close(fresh.state_dict(), model.state_dict(), rtol=0, atol=0)
+    assert not hasattr(fresh.weights, "s1") and fresh.weights.num_variational_parameters == 4 * fresh.weights.latent_dim
 
 
 def test_bad_input_gets_specific_errors():
@@ -361,7 +384,7 @@ def test_the_model_applies_the_kernels_active_dims_and_follows_its_dtype():
     model = RandomFeatureGP(kernel, "whvi")
     assert model.weights.loc.dtype == torch.float64
     x = torch.randn(6, 3)
-    expected = model.weights.design(kernel.featurize(x[:, [0, 2]])) @ model.weights.loc
+    expected = model.variational_strategy.feature_design(kernel.featurize(x[:, [0, 2]])) @ model.weights.loc
     assert torch.allclose(model(x).mean, expected)
 
 

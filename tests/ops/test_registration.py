@@ -51,7 +51,7 @@ def test_opcheck_reference_kernels_in_a_fresh_process():
         import torch
         torch.set_default_dtype(torch.float64)
         from pyro_whvi import ops
-        from tests.test_registration import _samples
+        from tests.ops.test_registration import _samples
         for op, args in _samples():
             torch.library.opcheck(op, args)
         x, s1, g, s2 = (torch.randn(2, 8, requires_grad=True) for _ in range(4))

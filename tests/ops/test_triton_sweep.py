@@ -290,7 +290,7 @@ def sweep() -> dict:
     require_compiled_kernels()
     env = checkout_environment(TRITON_INTERPRET="1", TRITON_DEFAULT_FP_FUSION="1")
     result = subprocess.run(
-        [sys.executable, "-c", "from tests.test_triton_sweep import _sweep_main; _sweep_main()"],
+        [sys.executable, "-c", "from tests.ops.test_triton_sweep import _sweep_main; _sweep_main()"],
         capture_output=True, text=True, env=env, cwd=ROOT, timeout=1800,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
