@@ -90,6 +90,7 @@ def run_split(
     config: UCIConfig,
     checkpoint: Checkpoint | None = None,
     selection_store: Path | None = None,
+    data: UCIData | None = None,
 ) -> tuple[dict[str, Any], dict]:
     """Train ``spec`` on split ``split`` (:func:`train_split`); return its row of metrics and, for
     classification, the reliability diagram's bins (``{"reliability": [confidence, accuracy, count]}``).
@@ -101,7 +102,8 @@ def run_split(
     """
     chosen: dict[str, Any] = {}
     kl_weight = config.kl_weights[0]
-    data = load_dataset_split(source, split, standardize_targets=config.standardize_targets)  # once, passed down
+    if data is None:  # loaded once and passed down (whvi uci loads each split once for all its methods)
+        data = load_dataset_split(source, split, standardize_targets=config.standardize_targets)
     if len(config.kl_weights) > 1:
         kl_weight, scores, seconds = choose_kl_weight(source, spec, split, config, selection_store, data)
         chosen = {"kl_weight": kl_weight, "validation_scores": scores, "selection_seconds": seconds}
@@ -176,6 +178,7 @@ def _run_jobs(source: str | Path, config: UCIConfig, out: Path) -> tuple[list[di
     rows: list[dict[str, Any]] = []
     reliability: dict[str, list] = {}
     keys = {split: data_key(source, split) for split in config.splits}
+    loaded: dict[int, UCIData] = {}  # each split read once, when its first method trains on it
     jobs = [(method, split) for method in config.methods for split in config.splits]
     for method, split in tqdm(jobs, desc=name, disable=not (config.progress and leader)):
         path = out / "runs" / name / method / f"split{split}.json"
@@ -188,7 +191,9 @@ def _run_jobs(source: str | Path, config: UCIConfig, out: Path) -> tuple[list[di
             every = config.checkpoint_every
             checkpoint = Checkpoint(path.with_suffix(".ckpt"), every, fingerprint) if every else None
             store = path.with_suffix(".validation.json")
-            row, extra = run_split(source, parse_method(method), split, config, checkpoint, store)
+            if split not in loaded:
+                loaded[split] = load_dataset_split(source, split, standardize_targets=config.standardize_targets)
+            row, extra = run_split(source, parse_method(method), split, config, checkpoint, store, loaded[split])
             saved = {"fingerprint": fingerprint, "row": row, **extra}
             if leader:
                 write_atomic(path, json.dumps(saved, indent=2))

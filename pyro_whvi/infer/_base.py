@@ -2,15 +2,22 @@
 not take, over the model they transform in place.
 
 The mean-field part is ``AutoNormal``'s: a Normal in unconstrained space per latent site, in
-``self.locs`` / ``self.scales``, plates and subsampling included. Two things differ, and are what is
-overridden: the sites a subclass structures get its parameters instead, and a real-valued site's
-scale starts relative to its prior's. ``AutoNormal`` has no per-site hooks, so its per-site
-initialization and draw are written again here, and one loop draws every site in the prototype
-trace's order, structured ones included (the order fixes the random stream). A subclass implements
-the hooks :class:`~pyro_whvi.infer.ModelTransform` calls (``select_sites``, ``structured_sites``,
-``auxiliary_model_sites``, ``replace_model_site``), ``_init_structured_parameters``,
-``_sample_structured``, ``_structured_quantiles``, and, for its structured sites, the guide protocol
-of :mod:`pyro_whvi.init` (``_set_structured_gaussian_``, ``_set_structured_isotropic_``).
+``self.locs`` / ``self.scales``, plates and subsampling included. Inherited from ``AutoNormal`` as it is:
+``_get_loc_and_scale``, ``scale_constraint``, ``_create_plates``, the ``locs``/``scales`` containers and their
+parameter names, and ``isinstance(guide, AutoNormal)``. Replaced: the prototype set-up, ``forward``, ``median``
+and ``quantiles``, because two things differ: the sites a subclass structures get its parameters instead, and
+a real-valued site's scale starts relative to its prior's. ``AutoNormal`` has no per-site hooks, so its
+per-site initialization and draw are written again here, and one loop draws every site in the prototype
+trace's order, structured ones included (the order fixes the random stream).
+
+It stays a subclass, not a composition of Pyro's pieces, so that seeded runs, parameter names and
+prior-relative initial scales stay as they are (the argument: ``docs/development.md``, "The structured
+guides"); the transform's contract is :class:`~pyro_whvi.infer.guide_contract.TransformingGuide`.
+
+A subclass implements the hooks :class:`~pyro_whvi.infer.ModelTransform` calls (``select_sites``,
+``structured_sites``, ``auxiliary_model_sites``, ``replace_model_site``), ``_init_structured_parameters``,
+``_sample_structured``, ``_structured_quantiles``, and, for its structured sites, the guide protocol of
+:mod:`pyro_whvi.init` (``_set_structured_gaussian_``, ``_set_structured_isotropic_``).
 """
 
 from __future__ import annotations

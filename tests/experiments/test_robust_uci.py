@@ -284,8 +284,8 @@ def test_command_reads_each_split_once_before_training(tmp_path, monkeypatch):
         return original(folder, split, *args, **kwargs)
 
     monkeypatch.setattr(uci_data, "load_uci_split", counting)
-    argv = ["uci", "--data-dir", str(tmp_path / "toy"), "--splits", "0,1", "--methods", "mfg", "--steps", "2"]
+    argv = ["uci", "--data-dir", str(tmp_path / "toy"), "--splits", "0,1", "--methods", "mfg,mcd", "--steps", "2"]
     assert main([*argv, "--fixed-noise-steps", "0", "--samples", "2", "--out", str(tmp_path / "out")]) == 0
-    # once by the check before training, once by the training of each split
+    # once by the check before training, once for the training of each split, whatever the number of methods
     assert sorted(loaded) == [0, 0, 1, 1], loaded
     assert uci.check_source is uci_data.check_source
