@@ -161,8 +161,6 @@ def _one_line_warning(message, category, filename, lineno, file=None, line=None)
     tqdm.write(f"whvi uci: warning: {' '.join(str(message).splitlines())}", file=sys.stderr)
 
 
-#: Arguments that are not a field of UCIConfig under their own name, and the field they give.
-_RENAMED = {"raw_targets": "standardize_targets"}
 #: Arguments that set the protocol's network and schedule (UCIConfig.from_protocol's keywords).
 _PROTOCOL_ARGUMENTS = ("hidden", "layers", "steps", "lr", "fixed_noise_steps", "batch_size", "cooldown")
 
@@ -180,10 +178,10 @@ def _config_from_arguments(args: argparse.Namespace, dataset: str):
             file=sys.stderr,
         )
     values = dict(vars(args))
-    values["raw_targets"] = not args.raw_targets
+    values["standardize_targets"] = not values.pop("raw_targets")  # the one argument named for its opposite
     values["samples"] = max(2, args.samples)
     names = {field.name for field in fields(UCIConfig)} - {"schedule", "hidden", "layers", "progress"}
-    settings = {_RENAMED.get(name, name): value for name, value in values.items() if _RENAMED.get(name, name) in names}
+    settings = {name: value for name, value in values.items() if name in names}
     protocol = args.protocol or args.preset or "table3"
     return UCIConfig.from_protocol(
         protocol, dataset, **{name: values[name] for name in _PROTOCOL_ARGUMENTS}, **settings
