@@ -39,6 +39,7 @@ from torch import Tensor
 
 from ..distributions.conventions import GP_CONVENTION
 from ..ops import fwht, whvi_design
+from ..ops._checks import check_finite
 from .fourier_design import whvi_fourier_design
 from .posteriors import WeightPosterior, WHVIWeightPosterior
 
@@ -48,6 +49,20 @@ __all__ = ["RandomFeatureVariationalStrategy", "WHVIVariationalStrategy", "root_
 def root_covariance(root: Tensor) -> RootLinearOperator:
     """``root root^T`` as a lazy operator: :class:`LowRankRootLinearOperator` when ``R < N``."""
     return LowRankRootLinearOperator(root) if root.shape[-1] < root.shape[-2] else RootLinearOperator(root)
+
+
+def _check_targets(gradient: Tensor, mean: Tensor) -> None:
+    """Refuse non-finite targets, seen in the loss's gradient with respect to ``q(f)``'s finite mean.
+
+    The targets reach only the likelihood (``-mll(model(x), y)``), never the model, so the model finds them
+    here, in ``loss.backward()``, before any parameter receives a non-finite gradient: the gradient of a
+    likelihood term is NaN or infinite exactly at the rows whose target is.
+    """
+    bad = ~torch.isfinite(gradient)
+    if bad.any() and torch.isfinite(mean).all():
+        rows = torch.nonzero(bad.reshape(-1, bad.shape[-1]).any(0)).flatten().tolist()
+        shown = ("row " if len(rows) == 1 else "rows ") + ", ".join(map(str, rows[:5])) + (", ..." * (len(rows) > 5))
+        check_finite("RandomFeatureGP", f"y (the targets; {shown}, found by the loss's gradient)", gradient)
 
 
 class RandomFeatureVariationalStrategy(_VariationalStrategy):
@@ -148,6 +163,9 @@ class RandomFeatureVariationalStrategy(_VariationalStrategy):
         if not isinstance(x, Tensor) or x.dim() < 2:
             raise ValueError(f"RandomFeatureGP: inputs must be a (..., N, d) tensor, got {getattr(x, 'shape', x)}.")
         mean, root = self.mean_and_root(x)
+        if mean.requires_grad:
+            values = mean.detach()
+            mean.register_hook(lambda gradient: _check_targets(gradient, values))
         return MultivariateNormal(mean, root_covariance(root))
 
     def _load_from_state_dict(self, state_dict: dict, prefix: str, *args: Any, **kwargs: Any) -> None:

@@ -16,6 +16,7 @@ where ``<tag>`` keys the build to the kernel sources, the compiler flags, torch 
   compiler of a killed build may still be running). All waiting is bounded by
   ``$PYRO_WHVI_BUILD_TIMEOUT`` seconds (default 600); past it the build fails with
   :class:`TimeoutError`, and the ``auto`` backend falls back to the reference with its single warning.
+  Every wait says once on stderr, as it begins, what it waits for (the processes, the folder and the cap).
 * Every compile is announced on stderr before it starts.
 
 The command exits non-zero with the compiler's reason when the build fails.
@@ -123,6 +124,10 @@ def _processes_in(directory: Path) -> list[int]:
     return found
 
 
+def _cap() -> str:
+    return f"at most {_timeout():g} s; ${TIMEOUT_ENV_VAR} sets it"
+
+
 def _wait(deadline: float, what: str) -> None:
     if time.monotonic() > deadline:
         raise TimeoutError(f"{what} for more than {_timeout():g} s; set ${TIMEOUT_ENV_VAR} to wait longer")
@@ -130,12 +135,15 @@ def _wait(deadline: float, what: str) -> None:
 
 
 @contextlib.contextmanager
-def _build_lock(directory: Path, deadline: float) -> Iterator[None]:
-    """Hold the advisory build lock of ``directory``; released by the kernel if this process dies."""
+def _build_lock(directory: Path, deadline: float) -> Iterator[str]:
+    """Hold the advisory build lock of ``directory``; released by the kernel if this process dies.
+
+    Yields the pid of its previous holder (``"?"`` if unknown): the build a stale torch lock is left from.
+    """
     try:
         import fcntl
     except ImportError:  # no flock (Windows): torch's own lock only
-        yield
+        yield "?"
         return
     path = directory / _LOCK_NAME
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
@@ -149,31 +157,44 @@ def _build_lock(directory: Path, deadline: float) -> Iterator[None]:
                 if not announced:
                     owner = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
                     message = f"waiting for process {owner}, which is building the CPU kernels in {directory}"
-                    print(f"pyro_whvi: {message}...", file=sys.stderr, flush=True)
+                    print(f"pyro_whvi: {message} ({_cap()})...", file=sys.stderr, flush=True)
                     announced = True
                 _wait(deadline, f"another process has held the build lock {path}")
+        previous = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)
-        yield
+        yield previous
     finally:
         os.close(fd)  # also releases the flock
 
 
-def _clear_stale_torch_lock(directory: Path, deadline: float) -> None:
+def _clear_stale_torch_lock(directory: Path, deadline: float, holder: str = "?") -> None:
     """Remove torch's lock file left by a killed build, once its compiler processes are gone.
 
-    Called with the build lock held, so no live pyro_whvi build owns torch's lock.
+    Called with the build lock held, so no live pyro_whvi build owns torch's lock; ``holder`` is the pid of
+    the build that left it, named in the one line that says what the wait is for.
     """
     lock = directory / _TORCH_LOCK_NAME
+    announced = False
     while lock.exists():
         try:
             young = time.time() - lock.stat().st_mtime < _TORCH_LOCK_GRACE_S
         except FileNotFoundError:
             return
-        if not young and not _processes_in(directory):
+        running = _processes_in(directory)
+        if not young and not running:
             lock.unlink(missing_ok=True)
             print(f"pyro_whvi: removed the stale lock {lock} of an interrupted build.", file=sys.stderr, flush=True)
             return
+        if running and not announced:
+            pids = ", ".join(map(str, running))
+            print(
+                f"pyro_whvi: waiting for process {pids}, left running in {directory} by the interrupted build of "
+                f"process {holder}, to finish before building there ({_cap()})...",
+                file=sys.stderr,
+                flush=True,
+            )
+            announced = True
         _wait(deadline, f"processes of an earlier build are still running in {directory}")
 
 
@@ -206,11 +227,11 @@ def load_kernels(verbose: bool = False) -> None:
     if not cpp_extension.is_ninja_available():
         raise RuntimeError("ninja is not installed (pip install ninja)")
     deadline = time.monotonic() + _timeout()
-    with _build_lock(directory, deadline):
+    with _build_lock(directory, deadline) as previous_holder:
         if _is_verified(library, stamp):  # built by the process we waited for
             torch.ops.load_library(str(library))
             return
-        _clear_stale_torch_lock(directory, deadline)
+        _clear_stale_torch_lock(directory, deadline, previous_holder)
         # Unverified: possibly cut short by a kill, and ninja would trust its timestamp. Relink.
         library.unlink(missing_ok=True)
         print(

@@ -12,16 +12,25 @@ Two ways to get a process group, and :mod:`pyro_whvi.train.engine` trains in eit
           -m pyro_whvi uci --data-dir DIR ...
 
 Every collective has a timeout (``timeout``), a process that dies makes :func:`launch` stop the others
-and raise an error naming its rank, and nothing here hangs on a dead peer.
+and raise an error naming its rank, and nothing here hangs on a dead peer. The processes :func:`launch` starts
+die with it (Linux's parent-death signal, even when it is killed with ``SIGKILL``) and share its
+:func:`~pyro_whvi.train.folder_lock.folder_lock`; Ctrl-C stops every one of them, and :func:`launch` raises
+:class:`~pyro_whvi.train.stops.TrainingInterrupted` with the step, or a rank's
+:class:`~pyro_whvi.train.stops.TrainingDiverged`, as one process would.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
 import re
+import signal
 import socket
+import sys
 import tempfile
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -29,6 +38,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+from .folder_lock import held_lock, share_held_lock
+from .stops import TrainingDiverged, TrainingInterrupted
 
 __all__ = ["DEFAULT_TIMEOUT", "free_port", "init_from_environment", "launch", "rank", "world_size"]
 
@@ -85,6 +97,24 @@ def init_from_environment(device: str = "cpu", timeout: timedelta = DEFAULT_TIME
     return True
 
 
+_INTERRUPTED_EXIT = 130  # a rank stopped by Ctrl-C (128 + SIGINT, as a shell reports it)
+_STOP_WAIT_S = 10.0  # how long interrupted ranks may take to stop before they are killed
+
+
+def _die_with_parent(parent: int) -> None:
+    """Have the kernel kill this process when ``parent`` (the launcher) dies, however it dies (Linux)."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # 1: PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # the launcher died before the signal was set
+        os._exit(1)
+
+
+def _stop_on_first_interrupt(signum: int, frame: object) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher forwards the Ctrl-C the group already got
+    raise KeyboardInterrupt
+
+
 def _worker(
     index: int,
     function: Callable[..., Any],
@@ -94,20 +124,41 @@ def _worker(
     device: str,
     timeout: float,
     threads: int,
-    results: str,
+    folder: str,
+    parent: int,
+    lock: str | None,
 ) -> None:
+    _die_with_parent(parent)
+    signal.signal(signal.SIGINT, _stop_on_first_interrupt)
+    if lock is not None:
+        share_held_lock(Path(lock))
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(index), WORLD_SIZE=str(nproc))
     os.environ.update(LOCAL_RANK=str(index), LOCAL_WORLD_SIZE=str(nproc))
     torch.set_num_threads(threads)
-    if device == "cuda":
-        torch.cuda.set_device(index % torch.cuda.device_count())
-    dist.init_process_group(_backend(device), rank=index, world_size=nproc, timeout=timedelta(seconds=timeout))
     try:
+        if device == "cuda":
+            torch.cuda.set_device(index % torch.cuda.device_count())
+        dist.init_process_group(_backend(device), rank=index, world_size=nproc, timeout=timedelta(seconds=timeout))
         result = function(*args)
         if index == 0:  # a file, not a pipe: a pipe blocks a large result until the parent reads, after join
-            torch.save(result, results)
-    finally:
+            torch.save(result, Path(folder) / "rank0.pt")
         dist.destroy_process_group()
+    except BaseException as error:
+        if signal.getsignal(signal.SIGINT) == signal.SIG_IGN or isinstance(error, KeyboardInterrupt):
+            # Ctrl-C, however it surfaced here (a peer's exit can end a collective first): no traceback
+            step = next((e.step for e in _chain(error) if isinstance(e, TrainingInterrupted)), "")
+            (Path(folder) / f"rank{index}.interrupted").write_text(str(step))
+            sys.exit(_INTERRUPTED_EXIT)  # not os._exit: the exit handlers release the rank's semaphores
+        if isinstance(error, TrainingDiverged):  # handed to the caller as it was raised
+            torch.save(error, Path(folder) / f"rank{index}.diverged")
+        raise
+
+
+def _chain(error: BaseException | None) -> Iterator[BaseException]:
+    """``error`` and the exceptions it was raised from or during."""
+    while error is not None:
+        yield error
+        error = error.__cause__ or error.__context__
 
 
 def launch(
@@ -143,19 +194,69 @@ def launch(
     else:
         check_port(port)
     threads = threads or max(1, (os.cpu_count() or 1) // nproc)
+    lock = held_lock()
     with tempfile.TemporaryDirectory(prefix="pyro_whvi_launch_") as folder:
-        results = Path(folder) / "rank0.pt"
-        worker_args = (function, args, nproc, port, device, timeout.total_seconds(), threads, str(results))
+        shared = None if lock is None else str(lock)
+        worker_args = (
+            function,
+            args,
+            nproc,
+            port,
+            device,
+            timeout.total_seconds(),
+            threads,
+            folder,
+            os.getpid(),
+            shared,
+        )
+        context = None
         try:
             context = mp.start_processes(_worker, args=worker_args, nprocs=nproc, join=False, start_method="spawn")
             while not context.join(grace_period=5.0):  # a failure stops the others: SIGTERM, SIGKILL 5 s later
                 pass
+        except KeyboardInterrupt:
+            _stop_interrupted(context)
+            raise _interruption(Path(folder), nproc) from None
         except mp.ProcessRaisedException as error:
+            diverged = Path(folder) / f"rank{error.error_index}.diverged"
+            if diverged.exists():
+                raise torch.load(diverged, weights_only=False) from None  # our own rank's TrainingDiverged
             raise RuntimeError(f"rank {error.error_index} of {nproc} failed: {_last_error(str(error))}") from None
         except mp.ProcessExitedException as error:
+            if error.exit_code == _INTERRUPTED_EXIT:  # Ctrl-C reached the ranks, not this process
+                raise _interruption(Path(folder), nproc) from None
             how = f"was killed by {error.signal_name}" if error.signal_name else f"exited with status {error.exit_code}"
             raise RuntimeError(f"rank {error.error_index} of {nproc} {how}; the other ranks were stopped") from None
-        return torch.load(results, weights_only=False)  # written by our own rank 0 just now
+        return torch.load(Path(folder) / "rank0.pt", weights_only=False)  # written by our own rank 0 just now
+
+
+def _stop_interrupted(context: mp.ProcessContext | None) -> None:
+    """Pass Ctrl-C on to the ranks (a ``kill -INT`` may have reached this process alone), give them
+    :data:`_STOP_WAIT_S` to stop, then kill the rest; a second Ctrl-C meanwhile is ignored."""
+    if context is None:  # interrupted while starting them: the parent-death signal stops those started
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        processes = [process for process in context.processes if process.is_alive()]
+        for process in processes:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(process.pid, signal.SIGINT)
+        deadline = time.monotonic() + _STOP_WAIT_S
+        for process in processes:
+            process.join(max(0.0, deadline - time.monotonic()))
+            if process.is_alive():
+                process.kill()
+                process.join()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _interruption(folder: Path, nproc: int) -> KeyboardInterrupt:
+    """:class:`TrainingInterrupted` at the step rank 0 (or another rank) reached, if one was training."""
+    for index in range(nproc):
+        with contextlib.suppress(OSError, ValueError):
+            return TrainingInterrupted(int((folder / f"rank{index}.interrupted").read_text()))
+    return KeyboardInterrupt()
 
 
 def _last_error(traceback: str) -> str:

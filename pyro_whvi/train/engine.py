@@ -29,6 +29,9 @@ in every rank of a ``torch.distributed`` group (:mod:`pyro_whvi.train.distribute
   :class:`~pyro_whvi.train.selection.KeepBest` scores the model every few steps and keeps its best state.
 * **KL weight**: ``train(..., kl_weight=lambda)`` optimizes the tempered ELBO of
   :class:`~pyro_whvi.infer.KLAnnealing` (VSD paper App. I.1).
+* **Divergence and Ctrl-C** stop the loop with :class:`~pyro_whvi.train.stops.TrainingDiverged` (a non-finite loss,
+  checked every step, or parameter, checked before each checkpoint and after the last step: the last good
+  checkpoint is kept) or :class:`~pyro_whvi.train.stops.TrainingInterrupted`, each naming the step.
 * **Parameters made by the first step**: with ``warm_up=False`` (one process, no checkpoint) the optimizer is
   built after the first step's forward pass, as Pyro's ``SVI`` builds its optimizers, so the run draws
   exactly the random numbers a plain ``SVI`` loop draws.
@@ -41,6 +44,8 @@ References:
 from __future__ import annotations
 
 import contextlib
+import math
+import warnings
 from collections.abc import Callable, Sequence
 
 import pyro
@@ -51,11 +56,14 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
 from ..infer import KLAnnealing, example_seeds
+from ..ops._checks import check_finite
 from . import distributed
 from .checkpoints import Checkpoint, read_checkpoint, restore_rng_state, save_checkpoint
 from .schedule import Minibatches, Schedule, shard_size
+from .stops import TrainingDiverged, TrainingInterrupted, check_parameters, divergence_cause, naming_kl_weight
 
 __all__ = ["NOISE_MODES", "Checkpoint", "Minibatches", "Schedule", "optimize", "shard_size", "train"]
+__all__ += ["TrainingDiverged", "TrainingInterrupted"]
 
 NOISE_MODES = ("per_rank", "per_example")
 
@@ -120,6 +128,9 @@ def train(
     :param checkpoint: save and resume here (see :class:`Checkpoint`).
     :param noise: ``"per_rank"`` or ``"per_example"`` (see the module docstring).
     :returns: this rank's loss (negative ELBO estimate) at every step, resumed steps included.
+    :raises TrainingDiverged: the loss or a parameter became non-finite (see :func:`optimize`); its cause also
+        names ``kl_weight`` when it is not 1.
+    :raises TrainingInterrupted: on Ctrl-C, with the steps done.
     """
 
     def call_guide(x_shard: Tensor, y_shard: Tensor, **scaled) -> None:
@@ -131,7 +142,7 @@ def train(
     loss: torch.nn.Module = Trace_ELBO()(model, guide)
     if kl_weight != 1.0:
         loss = _AnnealedLoss(loss, KLAnnealing(kl_weight))
-    with pyro.validation_enabled(False):
+    with pyro.validation_enabled(False), naming_kl_weight(kl_weight):
         return optimize(
             loss,
             x,
@@ -177,9 +188,16 @@ def optimize(
         its ``num_data`` and ``batch_size`` must be the data's and the schedule's.
     :param callback: called with the number of steps done (``1 .. schedule.steps``) after every step.
     :returns: this rank's loss at every step, resumed steps included.
+    :raises ValueError: ``x`` or ``y`` holds NaN or infinite entries, or does not fit the schedule and sampler.
+    :raises TrainingDiverged: the loss (checked every step) or a parameter (checked before each checkpoint and
+        after the last step) became NaN or infinite: training stops at once, before any update or checkpoint
+        with that state, so the last checkpoint written is a good one.
+    :raises TrainingInterrupted: on Ctrl-C (``KeyboardInterrupt``) during the loop, with the steps done.
     """
     if x.shape[0] != y.shape[0]:
         raise ValueError(f"train: x has {x.shape[0]} rows but y has {y.shape[0]}.")
+    check_finite("train", "x (the inputs)", x)
+    check_finite("train", "y (the targets)", y)
     if noise not in NOISE_MODES:
         raise ValueError(f"train: noise must be one of {NOISE_MODES}, got {noise!r}")
     world, rank = distributed.world_size(), distributed.rank()
@@ -241,39 +259,55 @@ def optimize(
     step_loss: torch.nn.Module = objective
     if world > 1:
         device_ids = [x.device.index] if x.device.type == "cuda" else None
-        # Buffers (prior scales, fixed signs) are synchronized once here, not before every step.
-        step_loss = DistributedDataParallel(
-            objective, device_ids=device_ids, broadcast_buffers=False, gradient_as_bucket_view=True
-        )
+        # Buffers (prior scales, fixed signs) are synchronized once here, not before every step: torch's
+        # replacement for broadcast_buffers=False still syncs at init, so torch itself advises keeping it.
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "`broadcast_buffers` is deprecated", FutureWarning)
+            step_loss = DistributedDataParallel(
+                objective, device_ids=device_ids, broadcast_buffers=False, gradient_as_bucket_view=True
+            )
     label = progress if isinstance(progress, str) else "training"
     hidden = not progress or rank != 0
     steps = range(start, schedule.steps)
     bar = tqdm(steps, desc=label, total=schedule.steps, initial=start, disable=hidden, leave=False, mininterval=1.0)
-    for step in bar:
-        index = next(sampler)
-        if index is None:  # full batch: each rank its slice
-            x_batch, y_batch = x[rank * local : (rank + 1) * local], y[rank * local : (rank + 1) * local]
-        else:
-            index = index[rank * local : (rank + 1) * local].to(x.device)
-            x_batch, y_batch = x[index], y[index]
-        if optimizer is not None:
-            optimizer.zero_grad(set_to_none=True)
-        first = (seed * 1_000_003 + step) * 2**24 + rank * local  # the shard's positions in the global batch
-        with _noise_scope(noise, range(first, first + local)):
-            loss = step_loss(x_batch, y_batch, **scaled)
-        if optimizer is None:  # the first forward pass has created the parameters
-            optimizer, lr_schedule = build_optimizer()
-        assert lr_schedule is not None
-        loss.backward()
-        if step < schedule.fixed_noise_steps:
-            for parameter in held_parameters:
-                parameter.grad = None
-        optimizer.step()
-        lr_schedule.step()
-        losses.append(float(loss.detach()))
-        if checkpoint is not None and (step + 1) % checkpoint.every == 0 and step + 1 < schedule.steps:
-            stateful = {"objective": objective, "optimizer": optimizer, "lr_schedule": lr_schedule, "sampler": sampler}
-            save_checkpoint(checkpoint, stateful, losses, step + 1, world, rank, noise, x.device)
-        if callback is not None:
-            callback(step + 1)
+    done = start  # the steps whose update is applied
+    try:
+        for step in bar:
+            index = next(sampler)
+            if index is None:  # full batch: each rank its slice
+                x_batch, y_batch = x[rank * local : (rank + 1) * local], y[rank * local : (rank + 1) * local]
+            else:
+                index = index[rank * local : (rank + 1) * local].to(x.device)
+                x_batch, y_batch = x[index], y[index]
+            if optimizer is not None:
+                optimizer.zero_grad(set_to_none=True)
+            first = (seed * 1_000_003 + step) * 2**24 + rank * local  # the shard's positions in the global batch
+            with _noise_scope(noise, range(first, first + local)):
+                loss = step_loss(x_batch, y_batch, **scaled)
+            if optimizer is None:  # the first forward pass has created the parameters
+                optimizer, lr_schedule = build_optimizer()
+            assert lr_schedule is not None
+            value = float(loss.detach())
+            if not math.isfinite(value):  # before the update: the parameters stay as they were
+                raise TrainingDiverged(step + 1, divergence_cause(value, objective, schedule.lr))
+            loss.backward()
+            if step < schedule.fixed_noise_steps:
+                for parameter in held_parameters:
+                    parameter.grad = None
+            optimizer.step()
+            lr_schedule.step()
+            losses.append(value)
+            done = step + 1
+            if checkpoint is not None and done % checkpoint.every == 0 and done < schedule.steps:
+                check_parameters(objective, done, schedule.lr)  # a non-finite state never replaces a good one
+                stateful = dict(objective=objective, optimizer=optimizer, lr_schedule=lr_schedule, sampler=sampler)
+                save_checkpoint(checkpoint, stateful, losses, done, world, rank, noise, x.device)
+            if callback is not None:
+                callback(done)
+    except TrainingInterrupted:
+        raise
+    except KeyboardInterrupt:
+        raise TrainingInterrupted(done) from None
+    if done > start:
+        check_parameters(objective, done, schedule.lr)
     return losses

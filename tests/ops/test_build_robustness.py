@@ -72,6 +72,13 @@ def _build_dir(extensions: Path) -> Path:
     return directory
 
 
+def _build_dir_name() -> str:
+    """The name of the build folder a child process uses here (keyed to the sources, flags, torch and CPU)."""
+    from pyro_whvi.ops.build import _native_flags
+
+    return f"pyro_whvi_cpu_{_native_flags()[1]}"
+
+
 @pytest.fixture(scope="module")
 def built_cache(tmp_path_factory) -> tuple[Path, str]:
     """An extensions directory holding one complete build, and the stderr of that build."""
@@ -138,10 +145,10 @@ def test_killed_first_build_does_not_hang(built_cache, tmp_path, victim):
         first.communicate()
 
 
-def test_build_lock_held_too_long_falls_back_with_one_warning(built_cache, tmp_path):
-    """A live process holding the build lock is waited for, up to $PYRO_WHVI_BUILD_TIMEOUT only."""
+def test_build_lock_held_too_long_falls_back_with_one_warning(tmp_path):
+    """A live process holding the build lock is waited for, up to $PYRO_WHVI_BUILD_TIMEOUT only (no build needed)."""
     extensions = tmp_path / "extensions"
-    directory = extensions / _build_dir(built_cache[0]).name
+    directory = extensions / _build_dir_name()
     directory.mkdir(parents=True)
     with open(directory / "pyro_whvi.lock", "w") as lock:
         lock.write("424242")
@@ -153,8 +160,56 @@ def test_build_lock_held_too_long_falls_back_with_one_warning(built_cache, tmp_p
     assert report["compiled"] is False
     assert len(report["warnings"]) == 1, report
     assert "TimeoutError" in report["warnings"][0] and "PYRO_WHVI_BUILD_TIMEOUT" in report["warnings"][0]
-    assert "waiting for process 424242" in stderr
+    assert "waiting for process 424242" in stderr and "at most 1 s; $PYRO_WHVI_BUILD_TIMEOUT sets it" in stderr
     assert elapsed < 60
+
+
+# Waits for the kernels' build folder, reporting on stderr when it starts and what ends it.
+WAIT = """
+import sys
+from pyro_whvi.ops import build
+print("started", file=sys.stderr, flush=True)
+try:
+    build.load_kernels()
+except TimeoutError as error:
+    print(f"gave up: {error}", file=sys.stderr, flush=True)
+"""
+
+
+def test_wait_for_the_compiler_of_a_killed_build_says_what_it_waits_for_once_at_once(tmp_path):
+    """A SIGKILLed build leaves torch's lock and its compiler running; the next process used to wait for it
+    in silence, up to the cap. Now one line on stderr names the processes, the folder and the cap."""
+    directory = tmp_path / "extensions" / _build_dir_name()
+    directory.mkdir(parents=True)
+    (directory / "pyro_whvi.lock").write_text("313131")  # the killed build's pid, its lock released
+    (directory / "lock").touch()
+    os.utime(directory / "lock", (time.time() - 60, time.time() - 60))
+    compiler = subprocess.Popen(["sleep", "120"], cwd=directory)  # the orphaned compiler, still at work there
+    env = _env(tmp_path / "extensions", PYRO_WHVI_BUILD_TIMEOUT="8")
+    waiter = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(WAIT)], env=env, cwd=ROOT, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert waiter.stderr is not None
+        lines, seconds = [], {}
+        for line in waiter.stderr:
+            lines.append(line.rstrip("\n"))
+            seconds[len(lines) - 1] = time.monotonic()
+        waiter.wait(timeout=60)
+    finally:
+        compiler.kill()
+        compiler.wait()
+        with contextlib.suppress(ProcessLookupError):
+            waiter.kill()
+    started = next(i for i, line in enumerate(lines) if line == "started")
+    waiting = [i for i, line in enumerate(lines) if "waiting for" in line]
+    assert len(waiting) == 1, lines
+    message = lines[waiting[0]]
+    for part in (f"process {compiler.pid}", str(directory), "process 313131", "at most 8 s", "PYRO_WHVI_BUILD_TIMEOUT"):
+        assert part in message, message
+    assert seconds[waiting[0]] - seconds[started] < 3.0, "the wait was announced late"
+    assert lines[-1].startswith("gave up:") and "PYRO_WHVI_BUILD_TIMEOUT" in lines[-1], lines
+    assert (directory / "lock").exists()  # a running compiler's lock is not removed under it
 
 
 def _read_only_prefix(directory: Path) -> tuple[str, ...]:
