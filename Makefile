@@ -10,6 +10,11 @@ TORCH_SPEC ?= torch==2.13.0
 # once, and one torch thread (tests/conftest.py), so two workers fill two cores without oversubscribing them.
 PYTEST_WORKERS ?= 2
 BIN := $(VENV)/bin
+# Python caches the bytecode of what a process imports (__pycache__), unless PYTHONDONTWRITEBYTECODE is set, as it
+# is on some machines (this project's among them). The suite, the demo and the CLI start many processes that each
+# import torch, Pyro, scikit-learn and SciPy: compiling their sources anew in every one cost ~8 s of CPU each (12 s
+# of user time per import against 4 s with the cache, measured here), more than most tests themselves.
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: demo test quick install install-dev build-kernels lint bench docs clean gpu-wheels gpu-rehearse
 

@@ -36,6 +36,8 @@ FAST = os.environ.get("PYRO_WHVI_TUTORIAL_FAST") == "1"
 OUT = Path(os.environ.get("PYRO_WHVI_TUTORIAL_OUT", Path(__file__).parent / "figures"))
 OUT.mkdir(parents=True, exist_ok=True)
 STEPS = 30 if FAST else 1000
+SAMPLES = 10 if FAST else 100  # posterior draws per predictive band; the evaluations below take half
+EVALUATIONS = 3 if FAST else 20  # points of each test-MNLL curve (besides step 0)
 pyro.set_rng_seed(0)
 
 # %% [markdown]
@@ -60,8 +62,8 @@ def make_guide(init: str):
 
 
 def band(model, guide):
-    predictive = Predictive(model, guide=guide, num_samples=100, return_sites=["f"], parallel=False)
-    f = predictive(grid)["f"].reshape(100, -1)
+    predictive = Predictive(model, guide=guide, num_samples=SAMPLES, return_sites=["f"], parallel=False)
+    f = predictive(grid)["f"].reshape(SAMPLES, -1)
     return f.mean(0), f.std(0)
 
 
@@ -97,13 +99,13 @@ x_test, y_test = toy_regression_1d(256, seed=1)
 def train(init: str, steps: int) -> list[float]:
     model, guide = make_guide(init)
     svi = SVI(model, guide, PyroOptim(torch.optim.Adam, {"lr": 1e-2}), Trace_ELBO())
-    curve = []
+    curve, draws = [], SAMPLES // 2
     for step in range(steps + 1):
-        if step % max(steps // 20, 1) == 0:
-            predictive = Predictive(model, guide=guide, num_samples=50, return_sites=["f"], parallel=False)
-            f = predictive(x_test)["f"].reshape(50, -1)
+        if step % max(steps // EVALUATIONS, 1) == 0:
+            predictive = Predictive(model, guide=guide, num_samples=draws, return_sites=["f"], parallel=False)
+            f = predictive(x_test)["f"].reshape(draws, -1)
             noise = float(model.noise_scale.detach())
-            log_lik = torch.distributions.Normal(f, noise).log_prob(y_test).logsumexp(0) - math.log(50)
+            log_lik = torch.distributions.Normal(f, noise).log_prob(y_test).logsumexp(0) - math.log(draws)
             curve.append(-float(log_lik.mean()))
         if step < steps:
             svi.step(x, y)

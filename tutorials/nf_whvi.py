@@ -38,6 +38,7 @@ OUT = Path(os.environ.get("PYRO_WHVI_TUTORIAL_OUT", Path(__file__).parent / "fig
 OUT.mkdir(parents=True, exist_ok=True)
 STEPS = 40 if FAST else 4000
 GRADIENT_DRAWS = 8 if FAST else 200
+SAMPLES = 20 if FAST else 200  # posterior draws of f per band
 pyro.set_rng_seed(0)
 
 x, y = toy_regression_1d(128)
@@ -103,7 +104,7 @@ def fit(flows):
     svi = SVI(model, guide, PyroOptim(torch.optim.Adam, {"lr": 0.01}), Trace_ELBO())
     losses = [svi.step(x, y) for _ in range(STEPS)]
     with torch.no_grad():
-        f = Predictive(model, guide=guide, num_samples=200, return_sites=["f"])(grid)["f"].reshape(200, -1)
+        f = Predictive(model, guide=guide, num_samples=SAMPLES, return_sites=["f"])(grid)["f"].reshape(SAMPLES, -1)
     g = guide.get_posterior("layers.1.weight").sample((2000,)).reshape(2000, -1)  # q(g), 128 x 128 layer
     return losses, f, g, sum(p.numel() for p in guide.parameters())
 

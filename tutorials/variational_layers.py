@@ -38,6 +38,7 @@ FAST = os.environ.get("PYRO_WHVI_TUTORIAL_FAST") == "1"
 OUT = Path(os.environ.get("PYRO_WHVI_TUTORIAL_OUT", Path(__file__).parent / "figures"))
 OUT.mkdir(parents=True, exist_ok=True)
 STEPS = 60 if FAST else 4000
+SAMPLES = 20 if FAST else 200  # posterior draws per band
 torch.manual_seed(0)
 pyro.set_rng_seed(0)
 
@@ -86,7 +87,7 @@ for _ in range(STEPS):
 print(f"{STEPS} eager steps in {time.perf_counter() - start:.1f} s, final loss {loss.item():.1f}")
 
 with torch.no_grad():
-    draws = torch.stack([net(grid).squeeze(-1) for _ in range(200)])
+    draws = torch.stack([net(grid).squeeze(-1) for _ in range(SAMPLES)])
 mean, sd = draws.mean(0), draws.std(0)
 in_gap = (grid.squeeze(-1) > TOY_GAP[0]) & (grid.squeeze(-1) < TOY_GAP[1])
 print(f"posterior sd of f: {sd[in_gap].mean():.3f} in the gap, {sd[~in_gap].mean():.3f} elsewhere")
@@ -183,6 +184,6 @@ guide = AutoNormal(model)
 svi = SVI(model, guide, pyro.optim.Adam({"lr": 1e-2}), Trace_ELBO())
 for _ in range(STEPS):
     svi.step(x, y)
-noise_draws = Predictive(model, guide=guide, num_samples=200, return_sites=["noise"])(x)["noise"]
+noise_draws = Predictive(model, guide=guide, num_samples=SAMPLES, return_sites=["noise"])(x)["noise"]
 print(f"noise scale: posterior mean {noise_draws.mean():.3f} (the data's: {TOY_NOISE_SCALE})")
 print("Pyro parameters of the network:", sorted(k for k in pyro.get_param_store().keys() if "$$$" in k)[:4], "...")

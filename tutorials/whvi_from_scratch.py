@@ -37,6 +37,7 @@ FAST = os.environ.get("PYRO_WHVI_TUTORIAL_FAST") == "1"
 OUT = Path(os.environ.get("PYRO_WHVI_TUTORIAL_OUT", Path(__file__).parent / "figures"))
 OUT.mkdir(parents=True, exist_ok=True)
 STEPS = 40 if FAST else 4000
+SAMPLES = 20 if FAST else 200  # posterior draws per band
 pyro.set_rng_seed(0)
 
 # %% [markdown]
@@ -95,7 +96,7 @@ def train(model, guide, steps=STEPS):
     return [svi.step(x, y) for _ in range(steps)]
 
 
-def band(model, guide, samples=200):
+def band(model, guide, samples=SAMPLES):
     """Mean and sd of f on the grid, from Pyro's Predictive."""
     with torch.no_grad():
         f = Predictive(model, guide=guide, num_samples=samples, return_sites=["f"])(grid)["f"]

@@ -10,16 +10,46 @@ from ..helpers import run_python
 
 
 def _whvi(*args: str):
+    """``whvi ARGS`` in a fresh interpreter (what a user runs: worker processes, exit status, stdout/stderr)."""
     return run_python(
         f"import sys; from pyro_whvi.experiments.cli import main; sys.exit(main({list(args)!r}))", MPLBACKEND="Agg"
     )
 
 
-@pytest.mark.slow
-def test_demo_writes_its_table_and_plots(tmp_path):
-    out = tmp_path / "demo"
-    result = _whvi("demo", "--out", str(out), "--toy-steps", "20", "--digits-steps", "20", "--samples", "8")
+def _whvi_in_process(capsys, *args: str) -> tuple[int, str, str]:
+    """``whvi ARGS`` in this process: (exit status, stdout, stderr). For argument checks and single-process runs,
+    where a fresh interpreter would cost more than the command (argparse exits through SystemExit)."""
+    from pyro_whvi.experiments.cli import main
+
+    capsys.readouterr()
+    try:
+        status = main(list(args))
+    except SystemExit as exit:
+        status = exit.code if isinstance(exit.code, int) else 1
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
+
+
+DEMO_ARGUMENTS = ("--toy-steps", "15", "--digits-steps", "15", "--samples", "4")
+
+
+@pytest.fixture(scope="module")
+def demo_in_two_processes(tmp_path_factory):
+    """``whvi demo`` as a user runs it: a fresh interpreter, every method, two worker processes."""
+    out = tmp_path_factory.mktemp("demo")
+    result = _whvi("demo", "--out", str(out), *DEMO_ARGUMENTS, "--jobs", "2")
     assert result.returncode == 0, result.stderr[-3000:]
+    return out, result
+
+
+def _rows_without_seconds(out) -> dict[str, dict]:
+    rows = json.loads((out / "demo_results.json").read_text())["results"]
+    return {row["method"]: {k: v for k, v in row.items() if not k.endswith("seconds")} for row in rows}
+
+
+@pytest.mark.slow
+def test_demo_writes_its_table_and_plots(demo_in_two_processes):
+    out, result = demo_in_two_processes
     record = {row["method"]: row for row in json.loads((out / "demo_results.json").read_text())["results"]}
     assert set(record) == {"whvi", "nf-whvi", "mfg", "mcd"}
     table = (out / "demo_results.md").read_text()
@@ -35,17 +65,16 @@ def test_demo_writes_its_table_and_plots(tmp_path):
 
 
 @pytest.mark.slow
-def test_demo_numbers_do_not_depend_on_the_number_of_processes(tmp_path):
-    """Every run is seeded on its own and trains in one thread: one process and two give the same table."""
-    tables = {}
-    for jobs in ("1", "2"):
-        out = tmp_path / jobs
-        argv = ("demo", "--out", str(out), "--methods", "whvi,mcd", "--toy-steps", "15", "--digits-steps", "15")
-        result = _whvi(*argv, "--samples", "4", "--jobs", jobs)
-        assert result.returncode == 0, result.stderr[-3000:]
-        rows = json.loads((out / "demo_results.json").read_text())["results"]
-        tables[jobs] = [{k: v for k, v in row.items() if not k.endswith("seconds")} for row in rows]
-    assert tables["1"] == tables["2"]
+def test_demo_numbers_do_not_depend_on_the_number_of_processes(demo_in_two_processes, tmp_path, capsys, monkeypatch):
+    """Every run is seeded on its own and trains in one thread: one process (here, two methods: each method's row
+    depends on its own runs only) gives the rows of the two-process run above."""
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    status, _, stderr = _whvi_in_process(
+        capsys, "demo", "--out", str(tmp_path), "--methods", "whvi,mcd", *DEMO_ARGUMENTS, "--jobs", "1"
+    )
+    assert status == 0, stderr[-3000:]
+    two_processes = _rows_without_seconds(demo_in_two_processes[0])
+    assert _rows_without_seconds(tmp_path) == {method: two_processes[method] for method in ("whvi", "mcd")}
 
 
 @pytest.mark.slow
@@ -56,25 +85,33 @@ def test_python_dash_m_and_help():
     assert result.returncode == 0 and "--toy-steps" in result.stdout
 
 
-@pytest.mark.slow
-def test_bad_arguments_get_one_line_errors(tmp_path):
+def test_bad_arguments_get_one_line_errors(tmp_path, capsys):
+    not_a_folder = tmp_path / "file"
+    not_a_folder.write_text("")
     for args, message in (
         (("demo", "--methods", "whvi,bbb"), "unknown methods ['bbb']"),
         (("demo", "--toy-steps", "0"), "expected a positive integer"),
         (("frobnicate",), "invalid choice"),
+        (("demo", "--out", str(not_a_folder)), "is not a folder"),
+        (("gp", "--blocks", "6"), "--blocks must be powers of two"),
     ):
-        result = _whvi(*args)
-        assert result.returncode == 2 and message in result.stderr
-        assert "Traceback" not in result.stderr
-    not_a_folder = tmp_path / "file"
-    not_a_folder.write_text("")
-    result = _whvi("demo", "--out", str(not_a_folder))
-    assert result.returncode == 2 and "is not a folder" in result.stderr and "Traceback" not in result.stderr
+        status, _, stderr = _whvi_in_process(capsys, *args)
+        assert status == 2 and message in stderr and len(stderr.strip().splitlines()) <= 3, (args, stderr)
+        assert "Traceback" not in stderr
 
 
 @pytest.mark.slow
-def test_gp_runs_the_gp_experiment(tmp_path):
-    result = _whvi(
+def test_a_bad_argument_exits_2_with_one_line_from_a_fresh_interpreter():
+    """The whole path a user takes (the entry point, a real exit status, nothing imported before)."""
+    result = _whvi("demo", "--methods", "whvi,bbb")
+    assert result.returncode == 2 and "unknown methods ['bbb']" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.slow
+def test_gp_runs_the_gp_experiment(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    status, stdout, stderr = _whvi_in_process(
+        capsys,
         "gp",
         "--functions",
         "otlcircuit",
@@ -93,17 +130,14 @@ def test_gp_runs_the_gp_experiment(tmp_path):
         "--out",
         str(tmp_path),
     )
-    assert result.returncode == 0, result.stderr[-3000:]
+    assert status == 0, stderr[-3000:]
     rows = json.loads((tmp_path / "gp_rf_vs_inducing.json").read_text())["results"]
     assert {r["method"] for r in rows} == {"rf", "rf-whvi", "svgp-gpytorch"}
-    assert (tmp_path / "gp_rf_vs_inducing.png").is_file() and "RF-WHVI better in" in result.stdout
-    result = _whvi("gp", "--blocks", "6")
-    assert result.returncode == 2 and "--blocks must be powers of two" in result.stderr
-    assert "Traceback" not in result.stderr
+    assert (tmp_path / "gp_rf_vs_inducing.png").is_file() and "RF-WHVI better in" in stdout
 
 
 @pytest.mark.slow
-def test_bench_runs_each_script_with_its_quick_flags(tmp_path):
+def test_bench_runs_each_script_with_its_quick_flags(tmp_path, capsys):
     from pyro_whvi.experiments.bench import BENCHMARKS, QUICK_FLAGS
 
     for script in BENCHMARKS.values():  # stand-ins that record how they were called
@@ -111,13 +145,15 @@ def test_bench_runs_each_script_with_its_quick_flags(tmp_path):
             "import json, sys, pathlib\n"
             "pathlib.Path(sys.argv[0]).with_suffix('.called').write_text(json.dumps(sys.argv[1:]))\n"
         )
-    result = _whvi("bench", "all", "--quick", "--benchmarks", str(tmp_path), "--out", str(tmp_path / "out"))
-    assert result.returncode == 0, result.stderr[-3000:]
+    status, _, stderr = _whvi_in_process(
+        capsys, "bench", "all", "--quick", "--benchmarks", str(tmp_path), "--out", str(tmp_path / "out")
+    )
+    assert status == 0, stderr[-3000:]
     for name, script in BENCHMARKS.items():
         called = json.loads((tmp_path / script).with_suffix(".called").read_text())
         assert called == [*QUICK_FLAGS[name], "--out", str(tmp_path / "out")]
-    result = _whvi("bench", "fwht", "--benchmarks", str(tmp_path / "nowhere"))
-    assert result.returncode == 2 and "no benchmark scripts in" in result.stderr and "Traceback" not in result.stderr
+    status, _, stderr = _whvi_in_process(capsys, "bench", "fwht", "--benchmarks", str(tmp_path / "nowhere"))
+    assert status == 2 and "no benchmark scripts in" in stderr and "Traceback" not in stderr
 
 
 def test_bench_finds_the_checkout_scripts():
