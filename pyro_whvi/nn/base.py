@@ -49,6 +49,9 @@ def softplus_inverse(value: Tensor) -> Tensor:
 #: the family's (:func:`pyro_whvi.distributions.qg_family.diagonal_normal_kl`), under the layers' name.
 normal_kl = diagonal_normal_kl
 
+# The method that converts a module or tensor to a dtype, as the dtype-mismatch message names it.
+_CONVERSIONS = {torch.float64: "double", torch.float32: "float", torch.float16: "half", torch.bfloat16: "bfloat16"}
+
 
 class ExecutionScope:
     """The noise the variational layers of one model drew in its current execution.
@@ -170,11 +173,23 @@ class VariationalLayer(nn.Module):
 
     # -- inputs -------------------------------------------------------------------------------------
 
+    def check_input_dtype(self, input: Tensor) -> None:
+        """Refuse a floating input of another dtype than the layer's parameters, naming both and the fix."""
+        dtype = next(self.parameters()).dtype
+        if input.is_floating_point() and input.dtype != dtype:
+            name = f"{type(self).__name__} {self.execution_key!r}" if self.execution_key else type(self).__name__
+            to_input, to_layer = _CONVERSIONS.get(input.dtype, "to"), _CONVERSIONS.get(dtype, "to")
+            raise TypeError(
+                f"{name}: the input is {input.dtype} but the layer's parameters are {dtype}; convert the model with "
+                f"model.{to_input}() or the data with x.{to_layer}()."
+            )
+
     def check_linear_input(self, input: Tensor, in_features: int) -> None:
         if input.dim() < 1 or input.shape[-1] != in_features:
             raise ValueError(
                 f"{type(self).__name__}: expected an input of shape (..., {in_features}), got {tuple(input.shape)}."
             )
+        self.check_input_dtype(input)
 
     def convolve(self, input: Tensor, in_channels: int, convolution) -> Tensor:
         """``convolution(images) -> (output, bias)`` on ``(N, C, H, W)`` or unbatched ``(C, H, W)`` input."""
@@ -183,6 +198,7 @@ class VariationalLayer(nn.Module):
                 f"{type(self).__name__}: expected images (N, {in_channels}, H, W) or ({in_channels}, H, W), "
                 f"got {tuple(input.shape)}."
             )
+        self.check_input_dtype(input)
         images = input if input.dim() == 4 else input.unsqueeze(0)
         output, bias = convolution(images)
         if bias is not None:

@@ -8,6 +8,7 @@ they are, so a network written with them by hand goes through the same call.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable
 from typing import Any
 
@@ -138,7 +139,8 @@ def bayesian_(
     :param sites: ``"paper"``: the WHVI paper's experiments (§3.2), ``whvi_vectors=True`` and
         ``mean_field_last_layer=True`` (as the guides' ``sites=``, :data:`pyro_whvi.infer.site_selection.NAMED_SITES`).
     :param preset: the deprecated name of ``sites`` (a ``DeprecationWarning``; removed in the next release).
-    :param skip: names (as in ``named_modules()``) of layers to leave deterministic.
+    :param skip: names (as in ``named_modules()``) of layers to leave deterministic (also those of layers it
+        cannot convert, which it otherwise names in a warning).
     :param keep_weights: start each posterior mean at the layer's current weight and bias (a
         pretrained network); otherwise the layers' own initialization (that of the structured guides).
     :param example_dim: the dimension of a linear layer's input that indexes examples.
@@ -170,9 +172,26 @@ def bayesian_(
         for name, layer in module.named_modules()
         if type(layer) in (nn.Linear, nn.Conv2d) and not any(name.startswith(prefix) for prefix in inside)
     ]
-    missing = skip - {name for name, _ in targets}
+    target_names = {name for name, _ in targets}
+    unsupported = {  # layers with a weight matrix or kernel that no variational layer replaces (Conv1d, ...)
+        name: type(layer).__name__
+        for name, layer in module.named_modules()
+        if name not in target_names
+        and not isinstance(layer, VariationalLayer)
+        and not any(name.startswith(prefix) for prefix in inside)
+        and any(parameter.dim() >= 2 for parameter in layer.parameters(recurse=False))
+    }
+    missing = skip - target_names - set(unsupported)
     if missing:
         raise ValueError(f"bayesian_: skip names {sorted(missing)} are not nn.Linear/nn.Conv2d layers of the module.")
+    left = {name: kind for name, kind in unsupported.items() if name not in skip}
+    if left:
+        named = ", ".join(f"{name!r} ({kind})" for name, kind in left.items())
+        warnings.warn(
+            f"bayesian_: {named} stay deterministic (only nn.Linear and nn.Conv2d have variational counterparts); "
+            f"pass skip={sorted(left)} to say that this is intended.",
+            stacklevel=2,
+        )
     linears = [name for name, layer in targets if type(layer) is nn.Linear and name not in skip]
     last = linears[-1] if mean_field_last_layer and linears else None
     if mean_field_last_layer and last is None:
