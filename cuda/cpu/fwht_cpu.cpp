@@ -13,9 +13,12 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
+#include <ATen/EmptyTensor.h>
+#include <ATen/MemoryOverlap.h>
 #include <ATen/ExpandUtils.h>
 #include <ATen/Parallel.h>
 #include <torch/autograd.h>
+#include <torch/csrc/autograd/VariableTypeUtils.h>
 #include <torch/csrc/autograd/functions/utils.h>
 #include <torch/library.h>
 
@@ -23,18 +26,54 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
+
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 namespace pyro_whvi {
 namespace {
 
 using namespace detail;
 
-at::Tensor fwht_cpu(const at::Tensor& x_in, bool normalized) {
-  const int64_t n = check_rows(x_in, "pyro_whvi::fwht");
-  const at::Tensor x = x_in.contiguous();
-  at::Tensor out = at::empty_like(x, at::MemoryFormat::Contiguous);
+// Outputs of at least 32 MiB (glibc's largest mmap threshold: every such block is fresh pages
+// from the kernel, while smaller freed blocks are reused) are allocated 2 MiB-aligned with
+// transparent huge pages requested (as NumPy does, and torch only under $THP_MEM_ALLOC_ENABLE):
+// 16 page faults instead of 8192 per 32 MiB, which took longer than the transform itself.
+constexpr size_t kHugePageBytes = size_t{1} << 21;
+constexpr size_t kHugePageThreshold = size_t{32} << 20;
+
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+void free_huge(void* p) { std::free(p); }
+
+struct HugePageAllocator final : public c10::Allocator {
+  at::DataPtr allocate(size_t nbytes) override {
+    const size_t size = (nbytes + kHugePageBytes - 1) / kHugePageBytes * kHugePageBytes;
+    void* p = nullptr;
+    TORCH_CHECK(posix_memalign(&p, kHugePageBytes, size) == 0, "pyro_whvi: could not allocate ", nbytes, " bytes");
+    madvise(p, size, MADV_HUGEPAGE);  // a hint: without THP it changes nothing
+    return {p, p, &free_huge, at::Device(at::kCPU)};
+  }
+  at::DeleterFnPtr raw_deleter() const override { return &free_huge; }
+  void copy_data(void* dest, const void* src, size_t count) const override { default_copy_data(dest, src, count); }
+};
+
+at::Tensor empty_output(const at::Tensor& x) {
+  if (static_cast<size_t>(x.nbytes()) < kHugePageThreshold) return at::empty_like(x, at::MemoryFormat::Contiguous);
+  static HugePageAllocator allocator;
+  return at::detail::empty_generic(x.sizes(), &allocator, c10::DispatchKeySet(c10::DispatchKey::CPU),
+                                   x.scalar_type(), c10::nullopt);
+}
+#else
+at::Tensor empty_output(const at::Tensor& x) { return at::empty_like(x, at::MemoryFormat::Contiguous); }
+#endif
+
+// out = H x row by row; both contiguous with the same shape, out may be x.
+void fwht_into(const at::Tensor& x, const at::Tensor& out, bool normalized) {
+  const int64_t n = x.size(-1);
   const int64_t rows = x.numel() / n;
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "pyro_whvi_fwht_cpu", [&] {
     const scalar_t* src = x.const_data_ptr<scalar_t>();
@@ -44,11 +83,50 @@ at::Tensor fwht_cpu(const at::Tensor& x_in, bool normalized) {
     const int64_t per_chunk = chunk_rows<scalar_t>(n, true);
     at::parallel_for(0, rows, grain_rows(n), [&](int64_t begin, int64_t end) {
       for_each_chunk(begin, end, per_chunk, [&](int64_t r0, int64_t count) {
-        transform_chunk<scalar_t>(src + r0 * n, none, dst + r0 * n, n, count * n, none, scale);
+        Ahead<scalar_t> next;
+        if (r0 + 2 * count <= end) next = {src + (r0 + count) * n, dst == src ? nullptr : dst + (r0 + count) * n};
+        transform_chunk<scalar_t>(src + r0 * n, none, dst + r0 * n, n, count * n, none, scale, next);
       });
     });
   });
+}
+
+at::Tensor fwht_cpu(const at::Tensor& x_in, bool normalized) {
+  check_rows(x_in, "pyro_whvi::fwht");
+  const at::Tensor x = x_in.contiguous();
+  at::Tensor out = empty_output(x);
+  fwht_into(x, out, normalized);
   return out;
+}
+
+void fwht_inplace_cpu(at::Tensor& x, bool normalized) {
+  check_rows(x, "pyro_whvi::fwht_");
+  if (x.is_contiguous()) {
+    fwht_into(x, x, normalized);
+    return;
+  }
+  at::assert_no_internal_overlap(x);
+  const at::Tensor rows = x.contiguous();
+  fwht_into(rows, rows, normalized);
+  x.copy_(rows);
+}
+
+void fwht_out_cpu(const at::Tensor& x_in, bool normalized, at::Tensor& out) {
+  const char* op = "pyro_whvi::fwht.out";
+  check_rows(x_in, op);
+  TORCH_CHECK(out.sizes() == x_in.sizes() && out.scalar_type() == x_in.scalar_type() && out.device() == x_in.device(),
+              op, ": out must have x's shape ", x_in.sizes(), ", dtype ", x_in.scalar_type(), " and device ",
+              x_in.device(), "; got ", out.sizes(), ", ", out.scalar_type(), ", ", out.device());
+  at::assert_no_internal_overlap(out);
+  at::assert_no_partial_overlap(out, x_in);  // out may be x itself
+  const at::Tensor x = x_in.contiguous();
+  if (out.is_contiguous()) {
+    fwht_into(x, out, normalized);
+    return;
+  }
+  const at::Tensor rows = x.is_same(x_in) ? at::empty_like(x, at::MemoryFormat::Contiguous) : x;
+  fwht_into(x, rows, normalized);
+  out.copy_(rows);
 }
 
 // y = s1 * H(g * H(s2 * x)) with the orthonormal H: two transforms per chunk in L1.
@@ -183,6 +261,17 @@ at::Tensor call_fwht(const at::Tensor& x, bool normalized) {
   return op.call(x, normalized);
 }
 
+void call_fwht_inplace(at::Tensor& x, bool normalized) {
+  static auto op = c10::Dispatcher::singleton().findSchemaOrThrow("pyro_whvi::fwht_", "").typed<void(at::Tensor&, bool)>();
+  op.call(x, normalized);
+}
+
+void call_fwht_out(const at::Tensor& x, bool normalized, at::Tensor& out) {
+  static auto op = c10::Dispatcher::singleton().findSchemaOrThrow("pyro_whvi::fwht", "out").typed<void(
+      const at::Tensor&, bool, at::Tensor&)>();
+  op.call(x, normalized, out);
+}
+
 at::Tensor call_whvi_matvec(const at::Tensor& x, const at::Tensor& s1, const at::Tensor& g, const at::Tensor& s2) {
   static auto op = c10::Dispatcher::singleton().findSchemaOrThrow("pyro_whvi::whvi_matvec", "").typed<at::Tensor(
       const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&)>();
@@ -211,6 +300,25 @@ class FwhtFunction : public torch::autograd::Function<FwhtFunction> {
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     // H is symmetric, so the vector-Jacobian product is the same transform.
+    return {call_fwht(grads[0], ctx->saved_data["normalized"].toBool()), at::Tensor()};
+  }
+};
+
+// The in-place form on a tensor that needs a gradient: mark_dirty rebases x's history onto this
+// node (and refuses a leaf that requires grad, as torch's own in-place ops do).
+class FwhtInplaceFunction : public torch::autograd::Function<FwhtInplaceFunction> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, at::Tensor x, bool normalized) {
+    {
+      at::AutoDispatchBelowADInplaceOrView guard;
+      call_fwht_inplace(x, normalized);
+    }
+    torch::autograd::increment_version(x);
+    ctx->saved_data["normalized"] = normalized;
+    ctx->mark_dirty({x});
+    return x;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
     return {call_fwht(grads[0], ctx->saved_data["normalized"].toBool()), at::Tensor()};
   }
 };
@@ -254,6 +362,32 @@ at::Tensor fwht_autograd(const at::Tensor& x, bool normalized) {
   return FwhtFunction::apply(x, normalized);
 }
 
+void fwht_inplace_autograd(at::Tensor& x, bool normalized) {
+  const bool requires_grad = torch::autograd::compute_requires_grad(x);
+  torch::autograd::check_inplace(x, requires_grad);  // before x changes: a leaf that requires grad raises
+  if (requires_grad) {
+    FwhtInplaceFunction::apply(x, normalized);
+    return;
+  }
+  {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    call_fwht_inplace(x, normalized);
+  }
+  torch::autograd::increment_version(x);
+}
+
+// As torch's out= ops: no autograd (the result would not be connected to x).
+void fwht_out_autograd(const at::Tensor& x, bool normalized, at::Tensor& out) {
+  TORCH_CHECK(!torch::autograd::compute_requires_grad(x, out),
+              "pyro_whvi::fwht.out: out= does not support automatic differentiation, but x or out requires grad; "
+              "call fwht(x) without out=, or detach the tensors");
+  {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    call_fwht_out(x, normalized, out);
+  }
+  torch::autograd::increment_version(out);
+}
+
 at::Tensor whvi_matvec_autograd(const at::Tensor& x, const at::Tensor& s1, const at::Tensor& g,
                                 const at::Tensor& s2) {
   if (!torch::autograd::compute_requires_grad(x, s1, g, s2)) {
@@ -267,12 +401,16 @@ at::Tensor whvi_matvec_autograd(const at::Tensor& x, const at::Tensor& s1, const
 
 TORCH_LIBRARY_IMPL(pyro_whvi, CPU, m) {
   m.impl("fwht", &fwht_cpu);
+  m.impl("fwht_", &fwht_inplace_cpu);
+  m.impl("fwht.out", &fwht_out_cpu);
   m.impl("whvi_matvec", &whvi_matvec_cpu);
   m.impl("whvi_matvec_backward", &whvi_matvec_backward_cpu);
 }
 
 TORCH_LIBRARY_IMPL(pyro_whvi, AutogradCPU, m) {
   m.impl("fwht", &fwht_autograd);
+  m.impl("fwht_", &fwht_inplace_autograd);
+  m.impl("fwht.out", &fwht_out_autograd);
   m.impl("whvi_matvec", &whvi_matvec_autograd);
 }
 

@@ -82,6 +82,17 @@ struct Diagonal {
   int64_t mask;
 };
 
+// The chunk that the next call reads (and writes, when it writes elsewhere): prefetched
+// into L2 while this one computes in L1, so that memory does not idle during those passes.
+template <typename T>
+struct Ahead {
+  const T* read = nullptr;
+  T* write = nullptr;  // nullptr: in place, or nothing to prefetch
+  Ahead advanced(int64_t by) const {
+    return {read == nullptr ? nullptr : read + by, write == nullptr ? nullptr : write + by};
+  }
+};
+
 // log2(R) butterfly stages across R vectors held in registers (strides 1, 2, ... in a[]).
 template <int R, typename V>
 inline void butterflies(V* a) {
@@ -100,28 +111,59 @@ inline void butterflies(V* a) {
 }
 
 // Stages with strides h, 2h, ..., (R/2)h over len elements, one vector column at a
-// time in registers; optionally multiplies by post * scale before storing.
+// time in registers: reads src (times pre), optionally multiplies by post * scale,
+// stores to dst (which may equal src).  The len elements of `ahead` are prefetched along
+// the way.
 template <int R, typename T>
-inline void cross_vector_pass(T* x, int64_t len, int64_t h, Diagonal<T> post, T scale) {
+inline void strided_pass(const T* src, Diagonal<T> pre, T* dst, int64_t len, int64_t h, Diagonal<T> post, T scale,
+                         Ahead<T> ahead = {}) {
   using V = typename Vec<T>::type;
   constexpr int64_t W = Vec<T>::width;
+  constexpr int64_t line = 64 / sizeof(T);
   for (int64_t base = 0; base < len; base += R * h) {
     for (int64_t j = 0; j < h; j += W) {
-      T* p = x + base + j;
+      const int64_t e = base + j;
+      if (ahead.read != nullptr) {
+        for (int64_t m = 0; m < R * W; m += line) __builtin_prefetch(ahead.read + m, 0, 2);
+        if (ahead.write != nullptr) {
+          for (int64_t m = 0; m < R * W; m += line) __builtin_prefetch(ahead.write + m, 1, 2);
+        }
+        ahead = ahead.advanced(R * W);
+      }
       V a[R];
 #pragma GCC unroll 16
-      for (int k = 0; k < R; ++k) a[k] = load<V>(p + k * h);
+      for (int k = 0; k < R; ++k) {
+        a[k] = load<V>(src + e + k * h);
+        if (pre.ptr != nullptr) a[k] *= load<V>(pre.ptr + ((e + k * h) & pre.mask));
+      }
       butterflies<R>(a);
       if (post.ptr != nullptr) {
 #pragma GCC unroll 16
-        for (int k = 0; k < R; ++k) a[k] *= load<V>(post.ptr + ((base + j + k * h) & post.mask)) * scale;
+        for (int k = 0; k < R; ++k) a[k] *= load<V>(post.ptr + ((e + k * h) & post.mask)) * scale;
       } else if (scale != T(1)) {
 #pragma GCC unroll 16
         for (int k = 0; k < R; ++k) a[k] *= scale;
       }
 #pragma GCC unroll 16
-      for (int k = 0; k < R; ++k) store(p + k * h, a[k]);
+      for (int k = 0; k < R; ++k) store(dst + e + k * h, a[k]);
     }
+  }
+}
+
+template <int R, typename T>
+inline void cross_vector_pass(T* x, int64_t len, int64_t h, Diagonal<T> post, T scale) {
+  strided_pass<R>(x, Diagonal<T>{nullptr, 0}, x, len, h, post, scale);
+}
+
+// One strided pass of radix 2^radix_log (at most 16).
+template <typename T>
+void strided_pass_of(int radix_log, const T* src, Diagonal<T> pre, T* dst, int64_t len, int64_t h, Diagonal<T> post,
+                     T scale, Ahead<T> ahead = {}) {
+  switch (radix_log) {
+    case 1: strided_pass<2>(src, pre, dst, len, h, post, scale, ahead); break;
+    case 2: strided_pass<4>(src, pre, dst, len, h, post, scale, ahead); break;
+    case 3: strided_pass<8>(src, pre, dst, len, h, post, scale, ahead); break;
+    default: strided_pass<16>(src, pre, dst, len, h, post, scale, ahead); break;
   }
 }
 
@@ -169,10 +211,16 @@ void transform_scalar(const T* src, Diagonal<T> pre, T* dst, int64_t n, int64_t 
   for (int64_t e = 0; e < len; ++e) dst[e] *= post.ptr != nullptr ? post.ptr[e & post.mask] * scale : scale;
 }
 
+// Radix-8 passes, and a last pass of up to radix-16 (16 vectors: a few spills, cheaper than a pass).
+inline int radix_log_for(int64_t stages) { return static_cast<int>(stages <= 4 ? stages : 3); }
+
 // For each of the len / n rows of a chunk: dst = post * scale * H (pre * src), with H
-// the unnormalized (+-1) matrix of size n.  dst may equal src.
+// the unnormalized (+-1) matrix of size n, n at most l1_block<T>.  dst may equal src.
+// `ahead`: the next call's len elements, prefetched during the first pass that works in L1
+// only.
 template <typename T>
-void transform_chunk(const T* src, Diagonal<T> pre, T* dst, int64_t n, int64_t len, Diagonal<T> post, T scale) {
+void transform_short_rows(const T* src, Diagonal<T> pre, T* dst, int64_t n, int64_t len, Diagonal<T> post, T scale,
+                          Ahead<T> ahead = {}) {
   constexpr int64_t W = Vec<T>::width;
   if (n < W) {
     transform_scalar(src, pre, dst, n, len, post, scale);
@@ -180,8 +228,6 @@ void transform_chunk(const T* src, Diagonal<T> pre, T* dst, int64_t n, int64_t l
   }
   int64_t cross_stages = 0;
   for (int64_t m = n / W; m > 1; m >>= 1) ++cross_stages;
-  // Radix-8 passes, and a last pass of up to radix-16 (16 vectors: a few spills, cheaper than a pass).
-  auto radix_log_for = [](int64_t stages) -> int { return static_cast<int>(stages <= 4 ? stages : 3); };
   const Diagonal<T> none{nullptr, 0};
   // The first pass also does the in-vector stages: at most radix-8 there, or it spills.
   int radix_log = static_cast<int>(std::min<int64_t>(cross_stages, 3));
@@ -197,14 +243,65 @@ void transform_chunk(const T* src, Diagonal<T> pre, T* dst, int64_t n, int64_t l
   while (cross_stages > 0) {
     radix_log = radix_log_for(cross_stages);
     last = radix_log == cross_stages;
-    const Diagonal<T> p = last ? post : none;
-    const T s = last ? scale : T(1);
-    if (radix_log == 4) cross_vector_pass<16>(dst, len, h, p, s);
-    else if (radix_log == 3) cross_vector_pass<8>(dst, len, h, p, s);
-    else if (radix_log == 2) cross_vector_pass<4>(dst, len, h, p, s);
-    else cross_vector_pass<2>(dst, len, h, p, s);
+    strided_pass_of<T>(radix_log, dst, none, dst, len, h, last ? post : none, last ? scale : T(1), ahead);
+    ahead = {};
     h <<= radix_log;
     cross_stages -= radix_log;
+  }
+}
+
+// Elements of a block that stays in L1 through all of its passes (16 KiB).
+template <typename T>
+constexpr int64_t l1_block = 16384 / sizeof(T);
+
+// A diagonal seen from element `offset` of its chunk on, over `span` elements (both powers of
+// two times the block, offset a multiple of span).
+template <typename T>
+inline Diagonal<T> diagonal_from(Diagonal<T> d, int64_t offset, int64_t span) {
+  if (d.ptr == nullptr) return d;
+  if (d.mask == ~int64_t{0}) return {d.ptr + offset, d.mask};
+  return {d.ptr + (offset & d.mask), std::min(d.mask, span - 1)};
+}
+
+// A row longer than an L1 block: the stages with strides of a block or more first, in strided
+// passes over the whole row (which stays in L2; the first reads src and pre), then every block
+// on its own with all the shorter strides in L1.  The stages commute, so the order is free;
+// this reads the row from L2 about twice instead of once per radix-8 pass.
+template <typename T>
+void transform_long_row(const T* src, Diagonal<T> pre, T* dst, int64_t n, Diagonal<T> post, T scale,
+                        Ahead<T> ahead = {}) {
+  constexpr int64_t block = l1_block<T>;
+  const Diagonal<T> none{nullptr, 0};
+  int64_t high_stages = 0;
+  for (int64_t m = n / block; m > 1; m >>= 1) ++high_stages;
+  int64_t h = block;
+  bool first = true;
+  while (high_stages > 0) {
+    const int radix_log = radix_log_for(high_stages);
+    strided_pass_of<T>(radix_log, first ? src : dst, first ? pre : none, dst, n, h, none, T(1));
+    first = false;
+    h <<= radix_log;
+    high_stages -= radix_log;
+  }
+  for (int64_t b = 0; b < n; b += block) {
+    transform_short_rows<T>(dst + b, none, dst + b, block, block, diagonal_from(post, b, block), scale,
+                            ahead.advanced(b));
+  }
+}
+
+// For each of the len / n rows of a chunk: dst = post * scale * H (pre * src), with H
+// the unnormalized (+-1) matrix of size n.  dst may equal src.  `ahead` (optional): the
+// next call's chunk, prefetched while this one computes in cache.
+template <typename T>
+void transform_chunk(const T* src, Diagonal<T> pre, T* dst, int64_t n, int64_t len, Diagonal<T> post, T scale,
+                     Ahead<T> ahead = {}) {
+  if (n <= l1_block<T>) {
+    transform_short_rows(src, pre, dst, n, len, post, scale, ahead);
+    return;
+  }
+  for (int64_t e = 0; e < len; e += n) {
+    const Ahead<T> next = e + n < len ? Ahead<T>{src + e + n, dst == src ? nullptr : dst + e + n} : ahead;
+    transform_long_row(src + e, diagonal_from(pre, e, n), dst + e, n, diagonal_from(post, e, n), scale, next);
   }
 }
 

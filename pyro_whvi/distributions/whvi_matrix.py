@@ -20,7 +20,7 @@ from pyro.distributions import TorchDistribution, constraints
 from torch import Tensor
 from torch.distributions import Distribution, Independent, LowRankMultivariateNormal, MultivariateNormal, Normal
 
-from ..ops import fwht
+from ..ops import fwht, fwht_
 from ..ops.shapes import stacked_whvi_matvec, stacked_whvi_weight
 from .layout import WHVILayout
 
@@ -229,11 +229,12 @@ class WHVINormal(WHVIMatrix):
         row_mask = (torch.arange(layout.num_latent, device=s1.device) < layout.out_features).to(s1.dtype)
         row_mask = row_mask.reshape(num_blocks, block_size)
 
+        # The first transform of each runs in place on the product just made (the second reads a transposed view).
         def sandwich(diagonal: Tensor) -> Tensor:  # H diag(d) H for each block, (K, D, D)
-            return fwht(fwht(torch.diag_embed(diagonal)).mT)
+            return fwht(fwht_(torch.diag_embed(diagonal)).mT)
 
-        def hadamard_conj(x: Tensor) -> Tensor:  # H X H
-            return fwht(fwht(x).mT).mT
+        def hadamard_conj(x: Tensor) -> Tensor:  # H X H, x a fresh product
+            return fwht(fwht_(x).mT).mT
 
         rows = s1.unsqueeze(-1) * hadamard_conj(sandwich(s2**2 * column_mask) * sigma) * s1.unsqueeze(-2)
         row_cov = torch.block_diag(*rows.unbind(0))[: layout.out_features, : layout.out_features]

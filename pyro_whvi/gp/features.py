@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..ops import fastfood, fwht, next_power_of_two, whvi_matvec
+from ..ops import fastfood, fwht_, next_power_of_two, whvi_matvec
 
 __all__ = ["PROJECTIONS", "default_block_size", "draw_projection", "fourier_features", "project"]
 
@@ -139,16 +139,17 @@ def _structured(projection: str, x: Tensor, buffers: dict[str, Tensor], num_samp
         if permutation.dim() == 2:  # no kernel batch: the fused kernel
             h = fastfood(padded, signs, permutation, buffers["fastfood_gaussian"], buffers["fastfood_scale"])
         else:
-            h = fwht(padded.unsqueeze(-2) * blockwise("fastfood_signs"))
+            # The transforms run in place on the products just made (fwht_: no second buffer).
+            h = fwht_(padded.unsqueeze(-2) * blockwise("fastfood_signs"))
             h = torch.take_along_dim(h, blockwise("fastfood_permutation").expand(*h.shape[:-2], -1, -1), dim=-1)
-            h = fwht(h * blockwise("fastfood_gaussian")) * blockwise("fastfood_scale")
+            h = fwht_(h * blockwise("fastfood_gaussian")) * blockwise("fastfood_scale")
     else:
         # sqrt(P) H D1 H D2 H D3 x: the last two transforms and three diagonals as one fused WHVI product.
         signs = buffers["sorf_signs"]  # (*b, B, 3, P)
         d1, d2, d3 = (signs[..., i, :].unsqueeze(-3) for i in range(3))
         padded = F.pad(x, (0, signs.shape[-1] - x.shape[-1])).unsqueeze(-2)
         shape = torch.broadcast_shapes(padded.shape, d1.shape)
-        h = fwht(whvi_matvec(padded.expand(shape), d1 * math.sqrt(signs.shape[-1]), d2, d3))
+        h = fwht_(whvi_matvec(padded.expand(shape), d1 * math.sqrt(signs.shape[-1]), d2, d3))
     return h.flatten(-2)[..., :num_samples]
 
 

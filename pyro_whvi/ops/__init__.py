@@ -2,7 +2,8 @@ r"""The fast Walsh–Hadamard transform and the fused WHVI product, for every ba
 
 Public ops:
 
-* :func:`fwht` — :math:`y = H x` over the last dimension, :math:`O(D \log D)`.
+* :func:`fwht` — :math:`y = H x` over the last dimension, :math:`O(D \log D)`; ``fwht(x, out=y)`` writes
+  into a given tensor and :func:`fwht_` transforms ``x`` in place.
 * :func:`whvi_matvec` — :math:`y = s_1 \odot H(g \odot H(s_2 \odot x))`, the product of an input with
   the WHVI weight :math:`W = S_1 H \operatorname{diag}(g) H S_2` without forming :math:`W`.
 * :func:`whvi_design` and :func:`fastfood` — structured products on the transform
@@ -11,7 +12,8 @@ Public ops:
   :func:`setup_dimensions` (WHVI Algorithm 1), :func:`stacked_whvi_matvec`, :func:`stacked_whvi_weight`.
 
 Both ops are ``torch.library`` operators (``torch.ops.pyro_whvi.fwht`` and
-``torch.ops.pyro_whvi.whvi_matvec``) with fake kernels, so ``torch.compile(fullgraph=True)`` traces
+``torch.ops.pyro_whvi.whvi_matvec``; the mutating forms ``torch.ops.pyro_whvi.fwht_`` and
+``torch.ops.pyro_whvi.fwht.out``) with fake kernels, so ``torch.compile(fullgraph=True)`` traces
 through them, and they are differentiable in every tensor input. The backend is chosen at run time
 (:mod:`pyro_whvi.ops.backends`).
 
@@ -30,7 +32,14 @@ from . import (
     _library,  # noqa: F401  (registers the torch.ops.pyro_whvi operators)
     reference,
 )
-from ._checks import check_fwht, check_whvi_matvec, has_kernel_layout, next_power_of_two
+from ._checks import (
+    check_fwht,
+    check_fwht_inplace,
+    check_fwht_out,
+    check_whvi_matvec,
+    has_kernel_layout,
+    next_power_of_two,
+)
 from .backends import (
     BackendEnvironmentError,
     compiled_available,
@@ -57,6 +66,7 @@ __all__ = [
     "compiled_available",
     "fastfood",
     "fwht",
+    "fwht_",
     "get_backend",
     "load_compiled",
     "next_power_of_two",
@@ -73,10 +83,12 @@ __all__ = [
 ]
 
 _FWHT_OP = torch.ops.pyro_whvi.fwht.default
+_FWHT_INPLACE_OP = torch.ops.pyro_whvi.fwht_.default
+_FWHT_OUT_OP = torch.ops.pyro_whvi.fwht.out
 _WHVI_MATVEC_OP = torch.ops.pyro_whvi.whvi_matvec.default
 
 
-def fwht(x: Tensor, normalized: bool = True) -> Tensor:
+def fwht(x: Tensor, normalized: bool = True, *, out: Tensor | None = None) -> Tensor:
     r"""Fast Walsh–Hadamard transform over the last dimension.
 
     .. math:: y = D^{-1/2} H_D\, x, \qquad H_{2D} = \begin{bmatrix} H_D & H_D \\ H_D & -H_D \end{bmatrix},
@@ -89,17 +101,58 @@ def fwht(x: Tensor, normalized: bool = True) -> Tensor:
     :param x: real floating tensor of shape ``(..., D)``, ``D`` a power of two (pad other sizes
         with :func:`pad_to_power_of_two`). Non-contiguous inputs are accepted.
     :param normalized: whether to scale by :math:`D^{-1/2}`.
-    :returns: a new contiguous tensor of the same shape and dtype.
-    :raises ValueError: if ``D`` is not a power of two.
-    :raises TypeError: for integer, boolean, complex or sparse inputs, or a ``normalized`` that is not a bool.
+    :param out: optional tensor of ``x``'s shape, dtype and device to write the result into (any
+        strides; ``out=x`` is the in-place transform, as :func:`fwht_`). As with torch's own ``out=``
+        functions there is no autograd through it: use the plain form for gradients.
+    :returns: a new contiguous tensor of the same shape and dtype, or ``out``.
+    :raises ValueError: if ``D`` is not a power of two, or ``out`` has another shape or device or
+        overlaps part of ``x``.
+    :raises TypeError: for integer, boolean, complex or sparse inputs, a ``normalized`` that is not a bool,
+        or an ``out`` of another dtype.
+    :raises RuntimeError: with ``out`` while ``x`` or ``out`` requires grad (under grad mode).
 
     References:
         WHVI paper (Rossi et al., NeurIPS 2020), §2.1.
     """
     check_fwht(x, normalized)
+    if out is not None:
+        check_fwht_out(x, out)
+        if use_compiled_kernels(x) or use_gpu_kernels(x):
+            _FWHT_OUT_OP(x, normalized, out=out)
+        else:
+            out.copy_(reference.fwht(x, normalized))
+        return out
     if use_compiled_kernels(x) or use_gpu_kernels(x):
         return _FWHT_OP(x, normalized)
     return reference.fwht(x, normalized)
+
+
+def fwht_(x: Tensor, normalized: bool = True) -> Tensor:
+    r"""In-place :func:`fwht`: ``x`` becomes :math:`D^{-1/2} H_D\, x` (or :math:`H_D x`) and is returned.
+
+    No output is allocated: the compiled CPU and the GPU kernels transform the rows where they are
+    (a non-contiguous ``x`` goes through one temporary copy; the reference backend computes the
+    out-of-place form and copies it back). Use it for buffers the caller owns.
+
+    Autograd follows torch's in-place ops: on a tensor that is not a leaf (an intermediate result)
+    the gradient flows through (the transform's adjoint is itself); on a leaf that requires grad it
+    raises, unless called under :func:`torch.no_grad`. ``torch.ops.pyro_whvi.fwht_`` is the operator
+    (it returns nothing; functionalized by ``torch.compile``).
+
+    :param x: real floating tensor of shape ``(..., D)``, ``D`` a power of two; modified in place.
+    :param normalized: whether to scale by :math:`D^{-1/2}`.
+    :returns: ``x``.
+    :raises ValueError: if ``D`` is not a power of two.
+    :raises TypeError: as :func:`fwht`.
+    :raises RuntimeError: if ``x`` is a leaf that requires grad (under grad mode).
+    """
+    check_fwht(x, normalized, "fwht_")
+    check_fwht_inplace(x)
+    if use_compiled_kernels(x) or use_gpu_kernels(x):
+        _FWHT_INPLACE_OP(x, normalized)
+    else:
+        reference.fwht_(x, normalized)
+    return x
 
 
 def _as_suffix_of(diagonal: Tensor, shape: torch.Size) -> Tensor:

@@ -59,14 +59,68 @@ def check_finite(where: str, name: str, t: Tensor) -> None:
         )
 
 
-def check_fwht(x: object, normalized: object) -> Tensor:
+def check_fwht(x: object, normalized: object, op: str = "fwht") -> Tensor:
     # The compiled op's schema would take 1.0 and reject "yes", the reference any truthy value: check here,
     # before either, so every backend answers alike.
     if not isinstance(normalized, bool):
-        raise TypeError(f"fwht: normalized must be True or False, got {normalized!r} ({type(normalized).__name__}).")
-    t = check_tensor("fwht", "x", x)
-    check_power_of_two("fwht", "x", t.shape[-1])
+        raise TypeError(f"{op}: normalized must be True or False, got {normalized!r} ({type(normalized).__name__}).")
+    t = check_tensor(op, "x", x)
+    check_power_of_two(op, "x", t.shape[-1])
     return t
+
+
+def check_fwht_out(x: Tensor, out: object) -> Tensor:
+    """``out`` for ``fwht(x, out=out)``: a tensor of ``x``'s shape, dtype and device that does not
+    partly overlap ``x`` (``out=x`` is the in-place transform), outside autograd."""
+    if not isinstance(out, Tensor):
+        raise TypeError(f"fwht: out must be a torch.Tensor, got {type(out).__name__}.")
+    if out.shape != x.shape:
+        raise ValueError(
+            f"fwht: out has shape {tuple(out.shape)} but x has {tuple(x.shape)}; pass an out of x's shape "
+            "(torch.empty_like(x))."
+        )
+    if out.dtype != x.dtype:
+        raise TypeError(f"fwht: out has dtype {out.dtype} but x has {x.dtype}; pass an out of x's dtype.")
+    if out.device != x.device:
+        raise ValueError(f"fwht: out is on {out.device} but x is on {x.device}; pass an out on x's device.")
+    if torch.is_grad_enabled() and (x.requires_grad or out.requires_grad):
+        raise RuntimeError(
+            "fwht: out= does not support automatic differentiation, but x or out requires grad; "
+            "call fwht(x) without out=, or call it under torch.no_grad()."
+        )
+    if _partly_overlap(x, out):
+        raise ValueError(
+            "fwht: out overlaps part of x's memory; pass out=x for the in-place transform, or a separate tensor."
+        )
+    return out
+
+
+def _partly_overlap(a: Tensor, b: Tensor) -> bool:
+    """Whether the memory spans of ``a`` and ``b`` intersect without their being the same view
+    (conservative, as torch's own check: interleaved views count as overlapping)."""
+    if torch.compiler.is_compiling():  # no addresses while tracing; functionalization copes with aliasing
+        return False
+    if a.numel() == 0 or b.numel() == 0 or a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
+        return False
+    if a.data_ptr() == b.data_ptr() and a.stride() == b.stride():
+        return False  # same shape (checked before), same layout: the same elements
+
+    def span(t: Tensor) -> tuple[int, int]:
+        extent = sum((size - 1) * abs(stride) for size, stride in zip(t.shape, t.stride()))
+        return t.data_ptr(), t.data_ptr() + (extent + 1) * t.element_size()
+
+    (a0, a1), (b0, b1) = span(a), span(b)
+    return a0 < b1 and b0 < a1
+
+
+def check_fwht_inplace(x: Tensor) -> Tensor:
+    """``x`` for ``fwht_(x)``: torch's own refusal of in-place ops on a leaf that requires grad, with the fix."""
+    if torch.is_grad_enabled() and x.requires_grad and x.is_leaf:
+        raise RuntimeError(
+            "fwht_: a leaf Variable that requires grad is being used in an in-place operation; "
+            "use the out-of-place fwht(x), or call fwht_ under torch.no_grad() to change the leaf's values."
+        )
+    return x
 
 
 def has_kernel_layout(x: Tensor, s1: Tensor, g: Tensor, s2: Tensor) -> bool:

@@ -17,6 +17,10 @@ from . import reference, triton_backend
 
 _LIB = torch.library.Library("pyro_whvi", "DEF")
 _LIB.define("fwht(Tensor x, bool normalized=True) -> Tensor")
+# The mutating forms return nothing (the caller holds the tensor): torch.compile's functionalization
+# takes custom ops whose outputs carry no alias annotation.
+_LIB.define("fwht_(Tensor(a!) x, bool normalized=True) -> ()")
+_LIB.define("fwht.out(Tensor x, bool normalized=True, *, Tensor(a!) out) -> ()")
 _LIB.define("whvi_matvec(Tensor x, Tensor s1, Tensor g, Tensor s2) -> Tensor")
 _LIB.define(
     "whvi_matvec_backward(Tensor grad, Tensor x, Tensor s1, Tensor g, Tensor s2) -> (Tensor, Tensor, Tensor, Tensor)"
@@ -37,6 +41,14 @@ def _fwht_kernel(x: Tensor, normalized: bool = True) -> Tensor:
     return reference.fwht(x, normalized).contiguous()
 
 
+def _fwht_inplace_kernel(x: Tensor, normalized: bool = True) -> None:
+    reference.fwht_(x, normalized)
+
+
+def _fwht_out_kernel(x: Tensor, normalized: bool = True, *, out: Tensor) -> None:
+    out.copy_(reference.fwht(x, normalized))
+
+
 def _whvi_matvec_kernel(x: Tensor, s1: Tensor, g: Tensor, s2: Tensor) -> Tensor:
     return reference.whvi_matvec(x, s1, g, s2).contiguous()
 
@@ -49,6 +61,8 @@ def _whvi_matvec_backward_kernel(
 
 
 _LIB.impl("fwht", _fwht_kernel, "CompositeExplicitAutograd")
+_LIB.impl("fwht_", _fwht_inplace_kernel, "CompositeExplicitAutograd")
+_LIB.impl("fwht.out", _fwht_out_kernel, "CompositeExplicitAutograd")
 _LIB.impl("whvi_matvec", _whvi_matvec_kernel, "CompositeExplicitAutograd")
 _LIB.impl("whvi_matvec_backward", _whvi_matvec_backward_kernel, "CompositeExplicitAutograd")
 _LIB.impl("whvi_design", lambda x, s1, s2: reference.whvi_design(x, s1, s2).contiguous(), "CompositeExplicitAutograd")
@@ -77,6 +91,16 @@ def _fwht_fake(x: Tensor, normalized: bool = True) -> Tensor:
     return _contiguous_like(x)
 
 
+@torch.library.register_fake("pyro_whvi::fwht_", lib=_LIB)
+def _fwht_inplace_fake(x: Tensor, normalized: bool = True) -> None:
+    return None
+
+
+@torch.library.register_fake("pyro_whvi::fwht.out", lib=_LIB)
+def _fwht_out_fake(x: Tensor, normalized: bool = True, *, out: Tensor) -> None:
+    return None
+
+
 @torch.library.register_fake("pyro_whvi::whvi_matvec", lib=_LIB)
 def _whvi_matvec_fake(x: Tensor, s1: Tensor, g: Tensor, s2: Tensor) -> Tensor:
     return _contiguous_like(x)
@@ -96,6 +120,61 @@ def _fwht_setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> No
 
 def _fwht_backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
     return torch.ops.pyro_whvi.fwht(grad, ctx.normalized), None
+
+
+# The mutating forms (register_autograd takes no mutable ops): the kernels run below autograd and
+# bump the version counter that torch's ADInplaceOrView kernels bump for its own in-place ops. CPU
+# tensors with the compiled kernels use the same logic in C++.
+def _below_autograd(op: Any, mutated: Tensor, *args: Any, **kwargs: Any) -> None:
+    with torch._C._AutoDispatchBelowADInplaceOrView():
+        op(*args, **kwargs)
+    torch.autograd.graph.increment_version(mutated)
+
+
+class _FwhtInplace(torch.autograd.Function):
+    """``fwht_`` on a tensor that needs a gradient: ``mark_dirty`` rebases its history onto this node
+    (and refuses a leaf that requires grad, as torch's own in-place ops do)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, normalized: bool) -> Tensor:
+        _below_autograd(torch.ops.pyro_whvi.fwht_.default, x, x, normalized)
+        ctx.normalized = normalized
+        ctx.mark_dirty(x)
+        return x
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
+        return torch.ops.pyro_whvi.fwht(grad, ctx.normalized), None
+
+
+def _check_inplace(x: Tensor) -> None:
+    """Torch's own refusals for in-place ops (``check_inplace``), before ``x`` changes."""
+    if x.is_leaf:
+        raise RuntimeError("a leaf Variable that requires grad is being used in an in-place operation.")
+    base = x._base
+    if base is not None and base.is_leaf and base.requires_grad:
+        raise RuntimeError("a view of a leaf Variable that requires grad is being used in an in-place operation.")
+
+
+def _fwht_inplace_autograd(x: Tensor, normalized: bool = True) -> None:
+    if torch.is_grad_enabled() and x.requires_grad:
+        _check_inplace(x)
+        _FwhtInplace.apply(x, normalized)
+    else:
+        _below_autograd(torch.ops.pyro_whvi.fwht_.default, x, x, normalized)
+
+
+def _fwht_out_autograd(x: Tensor, normalized: bool = True, *, out: Tensor) -> None:
+    if torch.is_grad_enabled() and (x.requires_grad or out.requires_grad):
+        raise RuntimeError(
+            "pyro_whvi::fwht.out: out= does not support automatic differentiation, but x or out requires grad; "
+            "call fwht(x) without out=, or detach the tensors"
+        )
+    _below_autograd(torch.ops.pyro_whvi.fwht.out, out, x, normalized, out=out)
+
+
+_LIB.impl("fwht_", _fwht_inplace_autograd, "Autograd")
+_LIB.impl("fwht.out", _fwht_out_autograd, "Autograd")
 
 
 def _whvi_matvec_setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:

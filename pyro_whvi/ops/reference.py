@@ -21,6 +21,7 @@ __all__ = [
     "fastfood",
     "fastfood_transpose",
     "fwht",
+    "fwht_",
     "sum_to_shape",
     "whvi_design",
     "whvi_design_backward",
@@ -52,6 +53,12 @@ def fwht(x: Tensor, normalized: bool = True) -> Tensor:
     elif size == 1:
         y = y.clone()
     return y
+
+
+def fwht_(x: Tensor, normalized: bool = True) -> Tensor:
+    """:func:`fwht` written back into ``x`` (through a temporary: the reference keeps the plain form that
+    ordinary autograd differentiates; the compiled and GPU kernels transform in place)."""
+    return x.copy_(fwht(x, normalized))
 
 
 def whvi_matvec(x: Tensor, s1: Tensor, g: Tensor, s2: Tensor, transform=None) -> Tensor:

@@ -35,6 +35,8 @@ __all__ = [
     "fastfood",
     "fastfood_transpose",
     "fwht",
+    "fwht_",
+    "fwht_out",
     "kernels",
     "register",
     "triton_available",
@@ -130,6 +132,32 @@ def fwht(x: Tensor, normalized: bool = True) -> Tensor:
     if rows.numel():
         _launch("fwht_kernel", module, rows.shape[0], size, rows, out, POWER=1 if normalized else 0)
     return out.reshape(x.shape)
+
+
+def _fwht_rows_into(x: Tensor, out: Tensor, normalized: bool) -> bool:
+    """Transform ``x``'s rows into the contiguous ``out`` with one launch (``out`` may be ``x``: a program
+    reads its rows before it writes them); ``False`` where the two-pass or reference form is needed."""
+    module = kernels()
+    size = x.shape[-1]
+    if module is None or x.dtype not in _DTYPES or size > module.MAX_FUSED_SIZE or not out.is_contiguous():
+        return False
+    rows = x.reshape(-1, size).contiguous()
+    if rows.numel():
+        _launch("fwht_kernel", module, rows.shape[0], size, rows, out.view(-1, size), POWER=1 if normalized else 0)
+    return True
+
+
+def fwht_(x: Tensor, normalized: bool = True) -> None:
+    """:func:`pyro_whvi.ops.fwht_`: the kernel writes the rows where it read them (other layouts and sizes
+    through the out-of-place form)."""
+    if not _fwht_rows_into(x, x, normalized):
+        x.copy_(fwht(x, normalized))
+
+
+def fwht_out(x: Tensor, normalized: bool = True, *, out: Tensor) -> None:
+    """``fwht(x, out=out)``: the kernel writes into ``out`` directly when it is contiguous."""
+    if not _fwht_rows_into(x, out, normalized):
+        out.copy_(fwht(x, normalized))
 
 
 def whvi_matvec(x: Tensor, s1: Tensor, g: Tensor, s2: Tensor) -> Tensor:
@@ -257,6 +285,8 @@ def fastfood_transpose(grad: Tensor, signs: Tensor, permutation: Tensor, gaussia
 def register(library: torch.library.Library) -> None:
     """Make the Triton launchers the ``CUDA`` kernels of ``library``'s operators (imports nothing yet)."""
     library.impl("fwht", fwht, "CUDA")
+    library.impl("fwht_", fwht_, "CUDA")
+    library.impl("fwht.out", fwht_out, "CUDA")
     library.impl("whvi_matvec", whvi_matvec, "CUDA")
     library.impl("whvi_matvec_backward", whvi_matvec_backward, "CUDA")
     library.impl("whvi_design", whvi_design, "CUDA")
