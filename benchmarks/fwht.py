@@ -12,8 +12,19 @@ of 3 interleaved rounds (2 with ``--quick``); every ratio is against a baseline 
 same process. Results go to ``--out`` as JSON, CSV,
 a markdown table and a plot of time vs D.
 
+The peer table (``fwht_peer.*``, also appended to ``fwht.md``) sets the compiled kernel against the
+SIMD package ``fht-cpu`` (PyPI, in the ``bench`` extra; FFHT's kernels) at D = 2^4 ... 2^15 (2^12 with
+``--quick``), one thread for both, the same unnormalized transform: out of place (``fwht(x)`` against
+``fht(x, inplace=False)``, which copies then transforms) and in place (``fwht_(x)`` against ``fht(x)``).
+The four calls are interleaved call by call, in alternating order, with each in-place buffer refreshed
+from the input (untimed) before its call. Each time is the median of many calls in this thread's CPU
+time (user and system, page faults included: both libraries run on the calling thread with one thread,
+and on a shared machine CPU time leaves out the time the thread waited for a core); the ratios, ours
+over theirs, are given in that clock and in wall time. Without ``fht-cpu`` its rows are skipped with a note.
+
     python benchmarks/fwht.py --quick          # about a minute
     python benchmarks/fwht.py                  # full sweep
+    python benchmarks/fwht.py --peer-only      # only the table against fht-cpu
     python benchmarks/fwht.py --device cuda    # the Triton GPU kernels (benchmarks/gpu_kernels.py)
 """
 
@@ -21,11 +32,14 @@ from __future__ import annotations
 
 import argparse
 import math
+import statistics
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch.utils import benchmark
 from tqdm import tqdm
@@ -45,6 +59,100 @@ def _hadamard_transform() -> Callable[[torch.Tensor], torch.Tensor] | None:
     except ImportError:
         return None
     return hadamard_transform
+
+
+def _fht_cpu() -> Callable[..., Any] | None:
+    try:
+        from fht_cpu import fht
+    except ImportError:
+        return None
+    return fht
+
+
+PEER_NOTE = "fht-cpu is not installed (`pip install fht-cpu`, in the `bench` extra): its rows are skipped."
+
+
+_PeerCase = tuple[str, Callable[[], Any], Callable[[], Any] | None]  # name, timed call, untimed refresh
+
+
+def _peer_cases(fht: Callable[..., Any], x: torch.Tensor) -> list[_PeerCase]:
+    """The four calls on one input, the same unnormalized transform; in-place buffers are refreshed from x."""
+    x_np = x.numpy()
+    ours_buffer, theirs_buffer = x.clone(), x_np.copy()
+    return [
+        ("ours out-of-place", lambda: ops.fwht(x, normalized=False), None),
+        ("fht-cpu out-of-place", lambda: fht(x_np, inplace=False, num_threads=1), None),
+        ("ours in-place", lambda: ops.fwht_(ours_buffer, normalized=False), lambda: ours_buffer.copy_(x)),
+        ("fht-cpu in-place", lambda: fht(theirs_buffer, num_threads=1), lambda: np.copyto(theirs_buffer, x_np)),
+    ]
+
+
+def _interleaved_medians(cases: list[_PeerCase], budget_s: float) -> tuple[dict[str, dict[str, float]], int]:
+    """Median seconds per clock (``cpu``: this thread's, ``wall``) and case over calls interleaved one by one
+    (alternating order), and the number of repeats."""
+    start = time.perf_counter()
+    for _, call, refresh in cases:  # warm-up, and an estimate of one round
+        if refresh is not None:
+            refresh()
+        call()
+    repeats = max(15, min(1001, int(budget_s / max(time.perf_counter() - start, 1e-6))))
+    seconds: dict[str, dict[str, list[float]]] = {"cpu": {}, "wall": {}}
+    for repeat in range(repeats):
+        for name, call, refresh in cases if repeat % 2 == 0 else cases[::-1]:
+            if refresh is not None:
+                refresh()
+            wall, cpu = time.perf_counter(), time.thread_time()
+            call()
+            seconds["cpu"].setdefault(name, []).append(time.thread_time() - cpu)
+            seconds["wall"].setdefault(name, []).append(time.perf_counter() - wall)
+    medians = {clock: {name: statistics.median(v) for name, v in by_case.items()} for clock, by_case in seconds.items()}
+    return medians, repeats
+
+
+def peer_measure(sizes: list[int], batch: int, budget_s: float) -> list[dict[str, Any]]:
+    """Median wall times of ours and fht-cpu's transforms, out of place and in place, one thread (see the
+    module docstring); an empty list without fht-cpu."""
+    fht = _fht_cpu()
+    if fht is None:
+        return []
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    generator = torch.Generator().manual_seed(0)
+    rows = []
+    try:
+        for size in tqdm(sizes, desc="timing against fht-cpu", unit="D"):
+            x = torch.randn(batch, size, generator=generator)
+            medians, repeats = _interleaved_medians(_peer_cases(fht, x), budget_s)
+            row: dict[str, Any] = {"D": size, "batch": batch, "repeats": repeats}
+            for clock, median in medians.items():
+                row |= {f"{name} {clock} us": value * 1e6 for name, value in median.items()}
+                for form in ("out-of-place", "in-place"):
+                    row[f"{form} ratio {clock}"] = median[f"ours {form}"] / median[f"fht-cpu {form}"]
+            rows.append(row)
+    finally:
+        torch.set_num_threads(threads)
+    return rows
+
+
+def peer_markdown(rows: list[dict[str, Any]], batch: int) -> str:
+    lines = [
+        f"\n### fwht against fht-cpu, batch {batch}, fp32, 1 thread: median CPU time in µs, "
+        "ratio ours / fht-cpu in CPU time (in wall time)\n"
+    ]
+    if not rows:
+        return "\n".join([*lines, PEER_NOTE])
+    lines.append("| D | ours out-of-place | fht-cpu out-of-place | ratio | ours in-place | fht-cpu in-place | ratio |")
+    lines.append("|---" * 7 + "|")
+    for r in rows:
+        cells = [str(r["D"])]
+        for form in ("out-of-place", "in-place"):
+            cells += [f"{r[f'ours {form} cpu us']:.1f}", f"{r[f'fht-cpu {form} cpu us']:.1f}"]
+            cells.append(f"{r[f'{form} ratio cpu']:.2f} ({r[f'{form} ratio wall']:.2f})")
+        lines.append("| " + " | ".join(cells) + " |")
+    for clock in ("cpu", "wall"):
+        worst = max(max(r[f"out-of-place ratio {clock}"], r[f"in-place ratio {clock}"]) for r in rows)
+        lines.append(f"\nWorst ratio in {clock} time: {worst:.2f} (target: at most 1.2 at every D, both forms).")
+    return "\n".join(lines)
 
 
 def _time(fn: Callable[[], Any], min_run_time: float, backend: str) -> float:
@@ -171,6 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-log2-d", type=int, default=None, help="largest D as a power of two (default 14)")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"), help="output folder")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cuda: benchmarks/gpu_kernels.py")
+    parser.add_argument("--peer-only", action="store_true", help="only the table against fht-cpu")
     args = parser.parse_args(argv)
     if args.device == "cuda":  # the GPU kernels have their own script (other baselines: copy, cuBLAS, Dao's)
         import gpu_kernels
@@ -184,14 +293,24 @@ def main(argv: list[str] | None = None) -> int:
     sizes = [2**k for k in range(4, max_log2 + 1)]
     min_run_time = 0.05 if args.quick else 0.2
     rounds = 2 if args.quick else 3
+    peer_sizes = [2**k for k in range(4, 13 if args.quick else 16)]
+    suffix = "_quick" if args.quick else ""
 
     ops.load_compiled()
+    peer = peer_measure(peer_sizes, args.batch, 0.5 if args.quick else 3.0)
+    peer_text = peer_markdown(peer, args.batch)
+    print(peer_text)
+    if peer:
+        save_tables(args.out, f"fwht_peer{suffix}", environment(threads=1, peer="fht-cpu"), peer, peer_text)
+        report_saved(args.out, f"fwht_peer{suffix}", False)
+    if args.peer_only:
+        return 0
     rows = measure(sizes, args.batch, min_run_time, rounds, "quick" if args.quick else "full")
     table = ratios(rows)
-    text = markdown(table, args.batch)
+    text = markdown(table, args.batch) + "\n" + peer_text
     print(text)
 
-    stem = "fwht_quick" if args.quick else "fwht"
+    stem = f"fwht{suffix}"
     save_tables(args.out, stem, environment(), table, text)
     report_saved(args.out, stem, plot(table, args.out / f"{stem}.png"))
     return 0
