@@ -151,12 +151,16 @@ def _worker(
             sys.exit(_INTERRUPTED_EXIT)  # not os._exit: the exit handlers release the rank's semaphores
         if isinstance(error, TrainingDiverged):  # handed to the caller as it was raised
             torch.save(error, Path(folder) / f"rank{index}.diverged")
+        if dist.is_initialized():
+            dist.destroy_process_group()
         raise
 
 
 def _chain(error: BaseException | None) -> Iterator[BaseException]:
     """``error`` and the exceptions it was raised from or during."""
-    while error is not None:
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
         yield error
         error = error.__cause__ or error.__context__
 

@@ -72,7 +72,10 @@ def train_slowly(folder: str, steps: int, lr: float = 1e-3) -> int:
     return steps
 
 
-def _start(out: Path) -> subprocess.Popen[str]:
+def _start(out: Path, background: bool = False) -> subprocess.Popen[str]:
+    """The launcher; ``background``: with SIGINT ignored, as a shell starts a job with ``&`` (the ranks inherit it,
+    so torch's own parent-death signal, SIGINT, does not stop them)."""
+    ignore_sigint = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if background else None
     return subprocess.Popen(
         [sys.executable, "-c", textwrap.dedent(LAUNCHER), str(out)],
         cwd=ROOT,
@@ -81,6 +84,7 @@ def _start(out: Path) -> subprocess.Popen[str]:
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,  # its own process group, as a shell's job: killpg reaches it and its ranks
+        preexec_fn=ignore_sigint,
     )
 
 
@@ -143,7 +147,7 @@ def test_ctrl_c_stops_every_rank_with_one_line(tmp_path, target):
 
 
 def test_killed_launcher_takes_its_ranks_and_the_folder_lock_refuses_a_rerun_meanwhile(tmp_path):
-    launcher = _start(tmp_path)
+    launcher = _start(tmp_path, background=True)
     try:
         ranks = _ranks_training(tmp_path, launcher)
         with pytest.raises(FolderLocked) as refused, folder_lock(tmp_path):
