@@ -45,10 +45,10 @@ def _refuse(folder: Path, path: Path) -> FolderLocked:
     holders: list[int | str] = ["?"]
     with contextlib.suppress(OSError):
         holders = [*_holders(path)] or [path.read_text().strip() or "?"]
-    processes = ", ".join(str(pid) for pid in holders)
+    processes = " ".join(str(pid) for pid in holders)
     return FolderLocked(
-        f"{folder} is in use by another run (process {processes}, still running); wait for it to end or stop it "
-        f"(kill {processes}), then rerun"
+        f"{folder} is in use by another run (process {processes.replace(' ', ', ')}, still running); wait for it "
+        f"to end or stop it (kill {processes}), then rerun"
     )
 
 
