@@ -4,9 +4,23 @@ from __future__ import annotations
 
 import argparse
 import math
+from collections.abc import Callable
 from typing import NoReturn
 
-__all__ = ["OneLineErrorParser", "check_device", "choices", "nonnegative", "positive", "positive_float"]
+from .memory_budget import MAX_SAMPLES, MAX_STEPS
+
+__all__ = [
+    "OneLineErrorParser",
+    "at_most",
+    "check_device",
+    "choices",
+    "float_in",
+    "nonnegative",
+    "positive",
+    "positive_float",
+    "samples",
+    "steps",
+]
 
 
 class OneLineErrorParser(argparse.ArgumentParser):
@@ -17,18 +31,51 @@ class OneLineErrorParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {' '.join(message.splitlines())}\n")
 
 
-def positive(text: str) -> int:
+def _whole(text: str, expected: str) -> int:
+    """``text`` as a whole number: ``50500``, or in scientific notation ``5e4``."""
     try:
-        value = int(text)
+        return int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+        pass
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value.is_integer()):
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+    return int(value)
+
+
+def positive(text: str) -> int:
+    value = _whole(text, "a positive integer")
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
     return value
 
 
 def nonnegative(text: str) -> int:
-    return positive(text) if text != "0" else 0
+    value = _whole(text, "a non-negative integer")
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}")
+    return value
+
+
+def at_most(maximum: int, why: str, *, minimum: int = 1) -> Callable[[str], int]:
+    """The argument type of a whole number in ``[minimum, maximum]``; ``why`` explains the maximum."""
+
+    def parse(text: str) -> int:
+        value = nonnegative(text) if minimum == 0 else positive(text)
+        if value > maximum:
+            raise argparse.ArgumentTypeError(f"at most {maximum:,} expected ({why}), got {text!r}")
+        return value
+
+    return parse
+
+
+#: Optimizer steps (``--steps`` and the like).
+steps = at_most(MAX_STEPS, "200 times the WHVI paper's 50,500; every step's loss is kept in memory and checkpoints")
+#: Posterior samples to predict with (``--samples``).
+samples = at_most(MAX_SAMPLES, "the Monte-Carlo error shrinks as 1/sqrt(samples): 10^6 resolve it to 0.1%")
 
 
 def positive_float(text: str) -> float:
@@ -41,8 +88,24 @@ def positive_float(text: str) -> float:
     return value
 
 
+def float_in(low: float, high: float, why: str) -> Callable[[str], float]:
+    """The argument type of a number in ``[low, high]``; ``why`` explains the range."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"expected a number from {low:g} to {high:g} ({why}), got {text!r}")
+        return value
+
+    return parse
+
+
 def choices(text: str, names: tuple[str, ...], flag: str) -> tuple[str, ...]:
-    chosen = tuple(name.strip() for name in text.split(",") if name.strip())
+    """The comma-separated ``names`` in ``text``, each once, in order."""
+    chosen = tuple(dict.fromkeys(name.strip() for name in text.split(",") if name.strip()))
     unknown = [name for name in chosen if name not in names]
     if unknown or not chosen:
         raise argparse.ArgumentTypeError(f"{flag}: choose from {','.join(names)}, got {text!r}")

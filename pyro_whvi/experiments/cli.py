@@ -6,24 +6,29 @@
     whvi bench [fwht,svi,vsd,gp] [--quick] [--out DIR]
     whvi synthetic [--out DIR] [--functions borehole,...] [--rows N] [--noise F] [--splits K]
 
-Bad arguments and bad data get a one-line error (exit status 2), not a traceback.
+Bad arguments and bad data get a one-line error (exit status 2), not a traceback; so do sizes that would not fit
+in memory (:mod:`~pyro_whvi.experiments.memory_budget`). Training that diverges stops with one line (exit status
+1), and Ctrl-C with one line (exit status 130).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
-from .arguments import OneLineErrorParser, choices, nonnegative, positive, positive_float
+from ..train.engine import TrainingDiverged
+from .arguments import OneLineErrorParser, at_most, positive, samples, steps
 from .demo import METHODS, DemoConfig, run_demo
+from .synthetic_command import add_synthetic_command, run_synthetic_command
 from .uci_command import add_uci_command, run_uci_command
 
 __all__ = ["main"]
 
 
 def _methods(text: str) -> tuple[str, ...]:
-    methods = tuple(m for m in text.split(",") if m)
+    methods = tuple(dict.fromkeys(m for m in text.split(",") if m))
     unknown = sorted(set(methods) - set(METHODS))
     if unknown or not methods:
         raise argparse.ArgumentTypeError(f"unknown methods {unknown}; choose from {','.join(METHODS)}")
@@ -43,10 +48,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--out", type=Path, default=Path("whvi_demo"), help="output folder (default ./whvi_demo)")
     demo.add_argument("--methods", type=_methods, default=METHODS, help=f"comma-separated, from {','.join(METHODS)}")
-    demo.add_argument("--toy-steps", type=positive, default=DemoConfig.toy_steps, help="SVI steps on the toy problem")
-    demo.add_argument("--digits-steps", type=positive, default=DemoConfig.digits_steps, help="SVI steps on digits")
-    demo.add_argument("--samples", type=positive, default=DemoConfig.samples, help="posterior samples to predict")
-    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--toy-steps", type=steps, default=DemoConfig.toy_steps, help="SVI steps on the toy problem")
+    demo.add_argument("--digits-steps", type=steps, default=DemoConfig.digits_steps, help="SVI steps on digits")
+    demo.add_argument("--samples", type=samples, default=DemoConfig.samples, help="posterior samples to predict")
+    demo.add_argument(
+        "--seed", type=at_most(2**32 - 2, "numpy's seeds; the networks use seed + 1", minimum=0), default=0
+    )
     demo.add_argument(
         "--jobs", type=positive, default=None, help="worker processes, one thread each (default: one per core)"
     )
@@ -64,53 +71,8 @@ def _parser() -> argparse.ArgumentParser:
     add_arguments(gp, Path("whvi_gp"))
     gp.set_defaults(subparser=gp)  # finish_arguments reports bad values through the subcommand's parser
     _add_bench(commands)
-    _add_synthetic(commands)
+    add_synthetic_command(commands)
     return parser
-
-
-def _add_synthetic(commands) -> None:
-    from ..data.synthetic import SYNTHETIC_FUNCTIONS
-
-    names = tuple(SYNTHETIC_FUNCTIONS)
-    synthetic = commands.add_parser(
-        "synthetic",
-        help="regression sets with known noise, in the UCI split format: a bench whose best MNLL and RMSE are known",
-        description=(
-            "Write each closed-form function (WHVI App. D.4) on a Latin hypercube of its domain, plus Gaussian noise "
-            "of standard deviation sigma = NOISE x std(f), as OUT/<function>/ in the UCI split format, with sigma in "
-            "noise_std.txt. `whvi uci --data-dir OUT/<function>` then reports every method's distance to the floor "
-            "(best RMSE sigma, best MNLL 0.5 log(2 pi sigma^2) + 0.5) and its noise estimate over sigma."
-        ),
-    )
-    synthetic.add_argument("--out", type=Path, default=Path("whvi_synthetic"), help="output folder")
-    synthetic.add_argument(
-        "--functions",
-        type=lambda text: choices(text, names, "--functions"),
-        default=names,
-        help=f"comma-separated, from {','.join(names)} (default all)",
-    )
-    synthetic.add_argument("--rows", type=positive, default=20_000, help="rows per set (default 20000)")
-    synthetic.add_argument("--noise", type=positive_float, default=0.2, help="sigma / std(f) (default 0.2)")
-    synthetic.add_argument("--splits", type=positive, default=5, help="random 90/10 splits (default 5)")
-    synthetic.add_argument("--seed", type=nonnegative, default=0)
-    synthetic.set_defaults(subparser=synthetic)
-
-
-def _synthetic(args: argparse.Namespace) -> int:
-    from .noisy_sets import write_noisy_set
-    from .reporting import check_writable
-
-    try:
-        check_writable(args.out)
-        for name in args.functions:
-            sigma = write_noisy_set(
-                name, args.out / name, num_points=args.rows, noise=args.noise, splits=args.splits, seed=args.seed
-            )
-            print(f"wrote {args.out / name} (sigma = {sigma:.4g})")
-    except (ValueError, OSError) as error:
-        args.subparser.error(str(error))
-    print(f"\nnext: whvi uci --data-dir {args.out / args.functions[0]} --methods whvi,mcd --splits 0-{args.splits - 1}")
-    return 0
 
 
 def _add_bench(commands) -> None:
@@ -159,9 +121,17 @@ def _gp(args: argparse.Namespace) -> int:
 
     import torch
 
+    from ..data.synthetic import SYNTHETIC_FUNCTIONS
     from .gp import finish_arguments, run, save
+    from .memory_budget import check_gp_memory
 
     args = finish_arguments(args.subparser, args)
+    try:
+        dims = [SYNTHETIC_FUNCTIONS[name].dim for name in args.functions]
+        num_points = args.num_points or max(SYNTHETIC_FUNCTIONS[name].paper_size for name in args.functions)
+        check_gp_memory(num_points, dims, args.blocks, args.covariances, args.batch_size)
+    except ValueError as error:
+        args.subparser.error(str(error))
     if "svgp-gpflow" in args.methods:
         try:
             from .baselines.gpflow_svgp import _import_gpflow
@@ -193,6 +163,27 @@ def main(argv: list[str] | None = None) -> int:
         print(f"whvi: {error}", file=sys.stderr)
         return 2
     args = _parser().parse_args(argv)
+    try:
+        return _run(args)
+    except TrainingDiverged as error:  # one line naming the step and the likely cause
+        _say(f"whvi {args.command}: error: {error}")
+        return 1
+    except KeyboardInterrupt as error:  # Ctrl-C: one line, no traceback (TrainingInterrupted knows the step)
+        step = getattr(error, "step", None)
+        where = f" at step {step}" if step is not None else ""
+        rerun = "resume" if args.command == "uci" else "start again"
+        _say(f"whvi {args.command}: interrupted{where}; rerun the same command to {rerun}")
+        return 130
+
+
+def _say(message: str) -> None:
+    """``message`` on stderr, on a line of its own below any progress bar."""
+    from tqdm.auto import tqdm
+
+    tqdm.write(" ".join(message.splitlines()), file=sys.stderr)
+
+
+def _run(args: argparse.Namespace) -> int:
     if args.command == "gp":
         return _gp(args)
     if args.command == "uci":
@@ -200,24 +191,37 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "bench":
         return _bench(args)
     if args.command == "synthetic":
-        return _synthetic(args)
-    if args.command == "demo":
-        if args.out.exists() and not args.out.is_dir():
-            print(f"whvi demo: --out {args.out} exists and is not a folder", file=sys.stderr)
-            return 2
-        config = DemoConfig(
-            methods=args.methods,
-            toy_steps=args.toy_steps,
-            digits_steps=args.digits_steps,
-            samples=max(2, args.samples),
-            seed=args.seed,
-            jobs=args.jobs or 0,
+        return run_synthetic_command(args)
+    return _demo(args)
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from .memory_budget import check_demo_memory
+
+    if args.out.exists() and not args.out.is_dir():
+        print(f"whvi demo: --out {args.out} exists and is not a folder", file=sys.stderr)
+        return 2
+    config = DemoConfig(
+        methods=args.methods,
+        toy_steps=args.toy_steps,
+        digits_steps=args.digits_steps,
+        samples=max(2, args.samples),
+        seed=args.seed,
+        jobs=args.jobs or 0,
+    )
+    runs = len(config.methods) * (1 + len(config.kl_weights))
+    try:
+        check_demo_memory(
+            config.samples, config.toy_steps, config.digits_steps, min(runs, args.jobs or os.cpu_count() or 1)
         )
-        try:
-            run_demo(args.out, config)
-        except ImportError as error:
-            print(f"whvi demo: {error}", file=sys.stderr)
-            return 1
+    except ValueError as error:
+        print(f"whvi demo: error: {error}", file=sys.stderr)
+        return 2
+    try:
+        run_demo(args.out, config)
+    except ImportError as error:
+        print(f"whvi demo: {error}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -25,6 +25,7 @@ from ..data.synthetic import SYNTHETIC_FUNCTIONS, make_synthetic_dataset
 from ..gp.posteriors import WHVIWeightPosterior
 from .baselines import GPyTorchSVGP, inducing_points_for_parameters, initial_inducing_points
 from .gp_regressors import GP_SCHEDULE, GPRegressor, RandomFeatureRegressor
+from .memory_budget import MAX_STEPS
 from .reporting import save_tables
 
 __all__ = ["COVARIANCES", "METHODS", "add_arguments", "finish_arguments", "run", "save", "summarize"]
@@ -219,11 +220,12 @@ def add_arguments(parser: argparse.ArgumentParser, default_out: Path) -> None:
 
 def finish_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.Namespace:
     """Split the lists, check every value (``parser.error`` on a bad one) and fill the schedule defaults."""
-    args.functions = [f for f in args.functions.split(",") if f]
-    args.methods = [m for m in args.methods.split(",") if m]
-    args.covariances = [c for c in args.covariances.split(",") if c]
+    # Each name once: a repeated one would train and report the same run twice.
+    args.functions = list(dict.fromkeys(f for f in args.functions.split(",") if f))
+    args.methods = list(dict.fromkeys(m for m in args.methods.split(",") if m))
+    args.covariances = list(dict.fromkeys(c for c in args.covariances.split(",") if c))
     try:
-        args.blocks = [int(b) for b in args.blocks.split(",") if b]
+        args.blocks = list(dict.fromkeys(int(b) for b in args.blocks.split(",") if b))
     except ValueError:
         parser.error(f"--blocks must be comma-separated powers of two, got {args.blocks!r}")
     for value, valid, flag in (
@@ -240,6 +242,16 @@ def finish_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) 
         value = getattr(args, name)
         if value is not None and value < (0 if name == "fixed_noise_steps" else 1):
             parser.error(f"--{name.replace('_', '-')} must be positive, got {value}")
+    for name in ("steps", "fixed_noise_steps"):
+        if (getattr(args, name) or 0) > MAX_STEPS:
+            parser.error(f"--{name.replace('_', '-')}: at most {MAX_STEPS:,} steps expected, got {getattr(args, name)}")
+    if args.num_points is not None and args.num_points < 3:
+        parser.error(f"--num-points: at least 3 expected (a fifth held out leaves 1 test and 2 training points), "
+                     f"got {args.num_points}")  # fmt: skip
+    if args.lr_scale is not None and not 0 < args.lr_scale < math.inf:
+        parser.error(f"--lr-scale must be a positive number, got {args.lr_scale}")
+    if not 0 <= args.seed < 2**32:
+        parser.error(f"--seed must be in [0, 2**32) (numpy's seeds), got {args.seed}")
     if args.quick:
         args.num_points = args.num_points or 10000
     args.steps = args.steps if args.steps is not None else (3000 if args.quick else 12000)

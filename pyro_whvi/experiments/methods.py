@@ -41,11 +41,13 @@ import torch
 from pyro.infer import Predictive
 from pyro.infer.autoguide import AutoDelta, AutoNormal, init_to_sample
 from torch import Tensor
+from tqdm.auto import tqdm
 
 from ..infer import AutoVSDGuide, AutoWHVIGuide
 from ..init import iblm_
 from ..nn import BayesianMLP
 from ..train.engine import Checkpoint, Schedule, train
+from .memory_budget import dense_weights, prediction_chunk
 
 __all__ = [
     "BASE_METHODS",
@@ -202,9 +204,29 @@ def fit(
     )
 
 
-def predictive_samples(model, guide, x: Tensor, num_samples: int = 64) -> Tensor:
-    """Monte-Carlo samples of the network output ``f``: ``(S, N)`` for one output, else ``(S, N, C)``."""
-    with torch.no_grad(), pyro.validation_enabled(False):
-        f = Predictive(model, guide=guide, num_samples=num_samples, return_sites=["f"])(x)["f"]
-    f = f.reshape(num_samples, x.shape[0], -1)
+def predictive_samples(model, guide, x: Tensor, num_samples: int = 64, progress: bool | str = False) -> Tensor:
+    """Monte-Carlo samples of the network output ``f``: ``(S, N)`` for one output, else ``(S, N, C)``.
+
+    ``Predictive`` keeps every posterior sample of the weights until it stacks the outputs, so the samples
+    are drawn in chunks (:func:`~pyro_whvi.experiments.memory_budget.prediction_chunk`: one when they fit,
+    as for the defaults); with several chunks ``progress`` (a label) shows a progress bar.
+    """
+    if isinstance(model, BayesianMLP):
+        weights = dense_weights(model.widths)
+    else:
+        weights = sum(t.numel() for t in (*model.parameters(), *model.buffers()))
+    chunk = prediction_chunk(num_samples, weights, x.element_size())
+    parts = []
+    label = progress if isinstance(progress, str) else "predicting"
+    with (
+        torch.no_grad(),
+        pyro.validation_enabled(False),
+        tqdm(total=num_samples, desc=label, disable=not progress or chunk >= num_samples, leave=False) as bar,
+    ):
+        for first in range(0, num_samples, chunk):
+            size = min(chunk, num_samples - first)
+            f = Predictive(model, guide=guide, num_samples=size, return_sites=["f"])(x)["f"]
+            parts.append(f.reshape(size, x.shape[0], -1))
+            bar.update(size)
+    f = parts[0] if len(parts) == 1 else torch.cat(parts)
     return f[..., 0] if f.shape[-1] == 1 else f

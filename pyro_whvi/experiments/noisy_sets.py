@@ -26,9 +26,15 @@ import numpy as np
 from ..data.synthetic import SYNTHETIC_FUNCTIONS, latin_hypercube
 from .reporting import write_atomic
 
-__all__ = ["NOISE_FILE", "noise_floor", "read_noise_std", "write_noisy_set"]
+__all__ = ["MAX_NOISE", "MIN_NOISE", "MIN_ROWS", "NOISE_FILE", "noise_floor", "read_noise_std", "write_noisy_set"]
 
 NOISE_FILE = "noise_std.txt"
+#: The fewest rows: each split holds a tenth out for testing, at least one row, and trains on the rest.
+MIN_ROWS = 10
+#: The range of ``noise`` (sigma / std(f)): outside it the function, or the noise, is below float32's resolution
+#: (about 1e-7) of the standardized targets ``whvi uci`` trains on; at the extremes (1e300, 1e-300) the targets,
+#: or the floor's log(sigma^2), are no longer finite.
+MIN_NOISE, MAX_NOISE = 1e-6, 1e6
 
 
 def write_noisy_set(
@@ -49,17 +55,28 @@ def write_noisy_set(
         The default, 0.2, is twice the noise scale the models start from (0.1 of the standardized
         targets), so that a method that does not learn its noise scale shows it, and leaves a floor that a
         network fitting ``f`` to a fraction of :math:`\sigma` can reach with 10k-50k rows.
-    :param splits: random train/test splits (``index_{train,test}_<k>.txt``).
+    :param splits: random train/test splits (``index_{train,test}_<k>.txt``); those of an earlier, larger
+        ``splits`` in ``folder`` are removed (they index the earlier data).
     :param test_fraction: test rows of each split.
     :param seed: determines the design, the noise and the splits.
     """
     if name not in SYNTHETIC_FUNCTIONS:
         raise ValueError(f"write_noisy_set: unknown function {name!r}; choose from {', '.join(SYNTHETIC_FUNCTIONS)}")
     num_test = round(test_fraction * num_points)
-    if num_points < 10 or not 1 <= num_test < num_points - 1 or noise <= 0 or splits < 1:
+    if num_points < MIN_ROWS:
         raise ValueError(
-            "write_noisy_set: num_points >= 10, noise > 0, splits >= 1 and a test_fraction leaving test and training "
-            f"rows expected, got {num_points}, {noise}, {splits}, {test_fraction}"
+            f"write_noisy_set: num_points (--rows) of at least {MIN_ROWS} expected (each split holds a tenth out "
+            f"for testing), got {num_points}"
+        )
+    if not MIN_NOISE <= noise <= MAX_NOISE:
+        raise ValueError(
+            f"write_noisy_set: noise (--noise) from {MIN_NOISE:g} to {MAX_NOISE:g} expected (sigma / std(f): beyond, "
+            f"the function or the noise is below float32's resolution of the standardized targets), got {noise!r}"
+        )
+    if not 1 <= num_test < num_points - 1 or splits < 1:
+        raise ValueError(
+            "write_noisy_set: splits >= 1 and a test_fraction leaving test and training rows expected, got "
+            f"{splits}, {test_fraction}"
         )
     spec = SYNTHETIC_FUNCTIONS[name]
     rng = np.random.default_rng(seed)
@@ -76,10 +93,23 @@ def write_noisy_set(
         order = rng.permutation(num_points)
         for part, index in (("test", order[:num_test]), ("train", order[num_test:])):
             write_atomic(folder / f"index_{part}_{split}.txt", "\n".join(map(str, np.sort(index))) + "\n")
+    for stale in _index_files(folder):  # an earlier run's extra splits index its data, not this
+        if int(stale.stem.rsplit("_", 1)[1]) >= splits:
+            stale.unlink()
     write_atomic(folder / NOISE_FILE, f"{sigma:.17g}\n")
     settings = {"function": name, "num_points": num_points, "noise_fraction": noise, "sigma": sigma, "seed": seed}
     write_atomic(folder / "README.json", json.dumps(settings, indent=2) + "\n")
     return sigma
+
+
+def _index_files(folder: Path) -> list[Path]:
+    """The split index files that :func:`write_noisy_set` writes: ``index_{train,test}_<k>.txt``."""
+    return [
+        path
+        for part in ("train", "test")
+        for path in folder.glob(f"index_{part}_*.txt")
+        if path.stem.rsplit("_", 1)[1].isdecimal()
+    ]
 
 
 def read_noise_std(folder: str | Path) -> float | None:

@@ -36,7 +36,9 @@ from tqdm.auto import tqdm
 from ..metrics import reliability_diagram
 from ..train import distributed
 from ..train.engine import Checkpoint
+from ..train.files import notice
 from .arguments import check_device
+from .memory_budget import check_uci_memory
 from .methods import MethodSpec, parse_method
 from .noisy_sets import NOISE_FILE, noise_floor, read_noise_std
 from .reporting import check_writable, save_tables, write_atomic
@@ -151,14 +153,15 @@ def run_uci(
     :param timeout: how long any collective may wait for the other processes.
     :param threads: torch threads of each process started here (default: the cores shared out).
     :param check: validate ``config.device``, ``source`` and ``out`` first (:func:`check_source`,
-        :func:`check_validation`, :func:`check_writable`);
+        :func:`check_validation`, :func:`check_writable`) and check that the run fits in memory
+        (:func:`~pyro_whvi.experiments.memory_budget.check_uci_memory`);
         ``False`` when the caller just did (``whvi uci`` reports their errors as usage errors).
     :returns: the summary rows and the markdown table (on rank 0; ``([], "")`` on the others).
     :raises OSError: before any training, if ``out`` is not a folder that can be written to.
     """
     if check:
         check_device(config.device, "device")
-        check_source(source, config.splits)
+        check_uci_memory(config, check_source(source, config.splits))
         check_validation(source, config)
         check_writable(out)
     if config.nproc > 1 and distributed.world_size() == 1:
@@ -187,6 +190,8 @@ def _run_jobs(source: str | Path, config: UCIConfig, out: Path) -> tuple[list[di
         if distributed.world_size() > 1:
             dist.broadcast_object_list(decision, src=0)  # every rank trains the split, or none
         saved = decision[0] or {}
+        if saved and saved.get("fingerprint") != fingerprint and leader:
+            notice(f"{path} was stored with other settings or data; training {method} on split {split} again")
         if saved.get("fingerprint") != fingerprint:
             every = config.checkpoint_every
             checkpoint = Checkpoint(path.with_suffix(".ckpt"), every, fingerprint) if every else None

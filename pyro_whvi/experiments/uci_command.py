@@ -8,7 +8,8 @@ import sys
 import warnings
 from pathlib import Path
 
-from .arguments import check_device, nonnegative, positive, positive_float
+from .arguments import at_most, check_device, float_in, nonnegative, positive, positive_float, samples, steps
+from .memory_budget import MAX_STEPS
 
 __all__ = ["add_uci_command", "run_uci_command"]
 
@@ -20,7 +21,7 @@ def _uci_methods(text: str) -> tuple[str, ...]:
     if not methods:
         raise argparse.ArgumentTypeError("expected comma-separated methods, e.g. mfg,mcd,whvi")
     try:
-        return tuple(parse_method(m).name for m in methods)
+        return tuple(dict.fromkeys(parse_method(m).name for m in methods))  # each method once, as --splits
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
 
@@ -64,10 +65,10 @@ def add_uci_command(commands) -> None:
         "--methods", type=_uci_methods, default=defaults.methods, help="comma-separated (default mfg,mcd,whvi)"
     )
     uci.add_argument("--splits", type=_splits, default=defaults.splits, help="e.g. 0-4 or 0,3,7 (default 0-4)")
-    uci.add_argument("--steps", type=positive, help="SVI steps (default: the protocol's, 50,500)")
+    uci.add_argument("--steps", type=steps, help="SVI steps (default: the protocol's, 50,500)")
     uci.add_argument(
         "--fixed-noise-steps",
-        type=nonnegative,
+        type=at_most(MAX_STEPS, "the most --steps there can be", minimum=0),
         default=schedule.fixed_noise_steps,
         help=f"first steps with the noise scale fixed (default {schedule.fixed_noise_steps})",
     )
@@ -120,7 +121,7 @@ def add_uci_command(commands) -> None:
         help=f"part of each split's training rows that chooses among several --kl-weight (default "
         f"{defaults.val_fraction})",
     )
-    uci.add_argument("--samples", type=positive, default=defaults.samples, help="test-time posterior samples")
+    uci.add_argument("--samples", type=samples, default=defaults.samples, help="test-time posterior samples")
     uci.add_argument("--dropout", type=positive_float, default=defaults.dropout, help="MC dropout rate (default 0.005)")
     uci.add_argument("--flows", type=positive, default=defaults.flows, help="planar flows of nf-whvi (default 3)")
     uci.add_argument("--reflections", type=nonnegative, default=defaults.reflections, help="VSD's Householder T")
@@ -143,13 +144,16 @@ def add_uci_command(commands) -> None:
     parallel.add_argument("--nproc", type=positive, default=1, help="processes on this machine (default 1)")
     parallel.add_argument("--master-port", type=positive, help="their rendezvous port (default: a free one)")
     parallel.add_argument(
-        "--timeout", type=positive_float, default=600.0, help="seconds a process waits for the others (default 600)"
+        "--timeout",
+        type=float_in(1e-3, 1e7, "seconds, up to about four months"),
+        default=600.0,
+        help="seconds a process waits for the others (default 600)",
     )
     parallel.add_argument(
         "--checkpoint-every",
-        type=nonnegative,
+        type=positive,
         default=defaults.checkpoint_every,
-        help=f"steps between checkpoints of a split's training, resumed by a rerun (0: none; default "
+        help=f"steps between checkpoints of a split's training, resumed by a rerun (default "
         f"{defaults.checkpoint_every})",
     )
     uci.set_defaults(subparser=uci)
@@ -194,6 +198,8 @@ def run_uci_command(args: argparse.Namespace) -> int:
     import torch
 
     from ..train import distributed
+    from ..train.engine import TrainingDiverged
+    from .memory_budget import check_uci_memory
     from .reporting import check_writable
     from .uci import check_source, check_validation, dataset_name, run_uci
 
@@ -215,7 +221,7 @@ def run_uci_command(args: argparse.Namespace) -> int:
             raise ValueError(f"--dropout must be below 1, got {args.dropout}")
         # The folder's own name (no file system call: a bad path is check_source's to report).
         config = _config_from_arguments(args, Path(source).name)
-        check_source(source, config.splits)
+        check_uci_memory(config, check_source(source, config.splits))
         check_validation(source, config)
         check_writable(args.out)
     except (ValueError, OSError) as error:
@@ -229,7 +235,7 @@ def run_uci_command(args: argparse.Namespace) -> int:
                 source, config, args.out, port=args.master_port, timeout=timeout, threads=args.threads, check=False
             )
         except RuntimeError as error:  # a process failed or died: one line, the others are stopped
-            if config.nproc == 1:
+            if config.nproc == 1 or isinstance(error, TrainingDiverged):  # main reports it
                 raise
             print(
                 f"whvi uci: error: {error}; rerun the same command to resume from the last checkpoint", file=sys.stderr

@@ -117,6 +117,9 @@ class UCIConfig:
     device: str = "cpu"
 
     def __post_init__(self) -> None:
+        # Each method and split once: a repeated one would be read back and counted as another split.
+        object.__setattr__(self, "methods", tuple(dict.fromkeys(self.methods)))
+        object.__setattr__(self, "splits", tuple(dict.fromkeys(self.splits)))
         for method in self.methods:
             parse_method(method)
         if not self.methods or not self.splits or min(self.splits) < 0:

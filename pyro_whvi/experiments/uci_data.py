@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -23,6 +24,7 @@ from .noisy_sets import read_noise_std
 
 __all__ = [
     "BUNDLED_DATASETS",
+    "SplitSizes",
     "UCIData",
     "check_source",
     "data_key",
@@ -87,20 +89,37 @@ def data_key(source: str | Path, split: int) -> str:
     return f"{Path(source).resolve()}:{digest.hexdigest()}"
 
 
-def check_source(source: str | Path, splits: tuple[int, ...]) -> None:
+class SplitSizes(NamedTuple):
+    """The largest sizes over a run's splits: training and test rows, input features and outputs per row."""
+
+    train: int
+    test: int
+    features: int
+    outputs: int
+
+
+def check_source(source: str | Path, splits: tuple[int, ...]) -> SplitSizes:
     """A ``ValueError``/``FileNotFoundError`` naming the problem when ``source`` cannot provide ``splits``:
-    every requested split of a folder is loaded and validated (:func:`~pyro_whvi.data.load_uci_split`)."""
+    every requested split of a folder is loaded and validated (:func:`~pyro_whvi.data.load_uci_split`).
+
+    :returns: the largest sizes over the splits (what memory the run needs depends on them)."""
     if is_bundled(source):
-        return
+        data = load_dataset_split(source, 0)
+        outputs = data.num_classes if data.task == "classification" else 1
+        return SplitSizes(len(data.y_train), len(data.y_test), data.x_train.shape[1], outputs)
     available = num_uci_splits(source)  # raises for a missing directory or files
     missing = [k for k in splits if k >= available]
     if missing:
         listed = ", ".join(map(str, missing[:5])) + (", ..." if len(missing) > 5 else "")
         has = f"splits 0-{available - 1}" if available else "no index_train_<k>.txt"
         raise ValueError(f"{source} has {has}; asked for {listed}")
+    sizes = SplitSizes(0, 0, 0, 1)
     for split in splits:
-        load_uci_split(source, split)
+        loaded = load_uci_split(source, split)
+        shape = (len(loaded.y_train), len(loaded.y_test), loaded.x_train.shape[1], 1)
+        sizes = SplitSizes(*map(max, sizes, shape))
     read_noise_std(source)  # a damaged noise_std.txt is reported now, not after training
+    return sizes
 
 
 def load_dataset_split(source: str | Path, split: int, *, standardize_targets: bool = True) -> UCIData:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import time
-import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,9 @@ from typing import Any
 import pyro
 import torch
 
+from ..train.checkpoints import resumed_seconds
 from ..train.engine import Checkpoint
+from ..train.files import notice
 from ..train.selection import holdout, select_best
 from .methods import MethodSpec, build_method, fit, predictive_samples
 from .reporting import write_atomic
@@ -44,6 +45,7 @@ class TrainedSplit:
     guide: Any
     losses: list[float]
     seconds: float
+    label: str = "split"  # what the progress bars call it
 
 
 def train_split(
@@ -103,15 +105,18 @@ def train_split(
         checkpoint=checkpoint,
         kl_weight=kl_weight,
     )
-    return TrainedSplit(data, model, guide, losses, time.perf_counter() - start)
+    # A resumed run counts the seconds its checkpoint had trained: the split's whole training time.
+    seconds = time.perf_counter() - start + resumed_seconds(checkpoint)
+    return TrainedSplit(data, model, guide, losses, seconds, label)
 
 
 def predict_split(
     trained: TrainedSplit, x_test: torch.Tensor, config: UCIConfig
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Predictive samples of ``f`` on ``x_test`` and the learned noise scale (regression), on the CPU for the
-    metrics, whatever ``config.device`` trained on."""
-    f = predictive_samples(trained.model, trained.guide, x_test.to(config.device), config.samples).cpu()
+    metrics, whatever ``config.device`` trained on (many samples: drawn in chunks, with a progress bar)."""
+    progress = f"{trained.label}: predicting" if config.progress else False
+    f = predictive_samples(trained.model, trained.guide, x_test.to(config.device), config.samples, progress).cpu()
     regression = trained.data.task == "regression"
     return f, trained.model.noise_scale.detach().cpu() if regression else None
 
@@ -188,7 +193,7 @@ def choose_kl_weight(
 
 def read_saved(path: Path, content: str = "row") -> dict[str, Any]:
     """A stored split result (its ``content`` a dict), or ``{}`` if there is none; an unreadable one (empty,
-    truncated) is named in a warning and treated as missing."""
+    truncated) is named in a :func:`~pyro_whvi.train.files.notice` and treated as missing."""
     if not path.exists():
         return {}
     try:
@@ -199,6 +204,6 @@ def read_saved(path: Path, content: str = "row") -> dict[str, Any]:
         if not isinstance(saved, dict) or not isinstance(saved.get(content), dict):
             raise ValueError(f"no {content}")
     except (OSError, ValueError) as error:
-        warnings.warn(f"{path} is unreadable ({error}); training what it held again", stacklevel=3)
+        notice(f"{path} is unreadable ({error}); training what it held again")
         return {}
     return saved

@@ -1,13 +1,26 @@
-"""Files that runs write: atomically (:func:`write_atomic`), in a folder checked first (:func:`check_writable`)."""
+"""Files that runs write: atomically (:func:`write_atomic`), in a folder checked first (:func:`check_writable`);
+and the notices about the files a run reads (:func:`notice`)."""
 
 from __future__ import annotations
 
 import os
 import secrets
+import sys
 import tempfile
 from pathlib import Path
 
-__all__ = ["check_writable", "write_atomic"]
+__all__ = ["check_writable", "notice", "write_atomic"]
+
+
+def notice(message: str) -> None:
+    """Tell the user something that decides what the results mean (a damaged file trained again, a checkpoint
+    ignored): one line on stderr, ``warning: <message>``, on a line of its own above any progress bar.
+
+    Not a :func:`warnings.warn`: warning filters (``-W ignore``, ``PYTHONWARNINGS``) would hide it.
+    """
+    from tqdm.auto import tqdm
+
+    tqdm.write(f"warning: {' '.join(message.splitlines())}", file=sys.stderr)
 
 
 def write_atomic(path: Path, data: str | bytes) -> None:

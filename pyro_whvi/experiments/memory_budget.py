@@ -1,0 +1,282 @@
+"""How much memory a ``whvi`` command will need, checked before anything is allocated.
+
+Every size that multiplies into memory (hidden units, layers, features, batch, posterior samples times test
+rows, steps, rows of a written set, random features) enters one estimate per command; :func:`check_memory`
+compares it with what the machine has free (:func:`available_memory`) and, when it does not fit, names the
+flag that weighs most, the estimate, what is available and the largest value of that flag that fits.
+
+The estimates are upper bounds calibrated on CPU runs (peak RSS with 2x256 to 2x2048 networks): training
+holds up to :data:`TRAINING_VALUES` values per dense weight (a mean-field guide's locations and scales,
+their gradients and Adam's two moments, the prior, the sampled weights; 74 for a full-covariance
+``q(g)``), and each posterior sample drawn by ``Predictive`` keeps up to :data:`SAMPLE_VALUES` values per
+weight until the predictions are stacked. Prediction runs in chunks of samples
+(:func:`prediction_chunk`), so only the stacked predictions grow with the number of samples.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import resource
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .uci_config import UCIConfig
+    from .uci_data import SplitSizes
+
+__all__ = [
+    "MAX_SAMPLES",
+    "MAX_STEPS",
+    "available_memory",
+    "check_memory",
+    "check_uci_memory",
+    "dense_weights",
+    "format_bytes",
+    "mlp_bytes",
+    "prediction_chunk",
+]
+
+#: The most optimizer steps a command takes: every step's loss is kept in memory and in each checkpoint, and
+#: 10^7 steps are 200 times the WHVI paper's 50,500 (over a day at 10 ms a step).
+MAX_STEPS = 10**7
+#: The most posterior samples a command predicts with: the Monte-Carlo error of the predictive shrinks as
+#: 1/sqrt(S), so 10^6 samples resolve it to 0.1% of one sample's spread, and each sample is one forward pass.
+MAX_SAMPLES = 10**6
+TRAINING_VALUES = {"whvi-full": 80}  # values per dense weight while training; others: DEFAULT_TRAINING_VALUES
+DEFAULT_TRAINING_VALUES = 32
+SAMPLE_VALUES = 6  # values per dense weight that one posterior sample keeps while predicting
+ACTIVATION_VALUES = 16  # values per unit and example of a minibatch (forward, backward, the noise draws)
+PREDICTION_COPIES = 5  # the stacked predictions and the metrics' temporaries of their size
+LOSS_BYTES = 48  # one step's loss: a Python float in a list, and its copy in a checkpoint
+MAX_CHUNK_SAMPLES = 1000  # more samples than this are drawn in chunks, with a progress bar
+CHUNK_BYTES = 2 * 2**30  # the most one chunk of samples may hold
+
+
+def _meminfo_available() -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        import psutil
+    except ImportError:
+        return None
+    return int(psutil.virtual_memory().available)
+
+
+def _cgroup_available() -> int | None:
+    """What a cgroup v2 memory limit (a container's) leaves this process's group, if there is one."""
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if limit == "max":
+            return None
+        return int(limit) - int(Path("/sys/fs/cgroup/memory.current").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _address_space_available() -> int | None:
+    """What ``ulimit -v`` (RLIMIT_AS) leaves this process, if it is set."""
+    limit, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if limit == resource.RLIM_INFINITY:
+        return None
+    try:
+        used = int(Path("/proc/self/statm").read_text().split()[0]) * resource.getpagesize()
+    except (OSError, ValueError, IndexError):
+        return None
+    return limit - used
+
+
+def available_memory() -> int | None:
+    """Bytes this process can still allocate: ``MemAvailable`` of ``/proc/meminfo`` (psutil's figure where there
+    is no ``/proc``), lowered by a cgroup memory limit or ``ulimit -v`` when one is set; ``None`` if unknown."""
+    known = [bytes_ for bytes_ in (_meminfo_available(), _cgroup_available(), _address_space_available()) if bytes_]
+    return max(0, min(known)) if known else None
+
+
+def format_bytes(count: float) -> str:
+    """``1.5 GB``, ``12 MB``, ``3.2 TB``: decimal units, two or three significant digits."""
+    for unit, size in (("PB", 1e15), ("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if count >= size:
+            return f"{count / size:.3g} {unit}"
+    return f"{count:.0f} B"
+
+
+def _largest_fitting(estimate: Callable[[int], float], high: int, limit: float) -> int:
+    """The largest value in ``[1, high]`` whose ``estimate`` is within ``limit`` (0 if none): a bisection,
+    ``estimate`` being non-decreasing in the value."""
+    if estimate(1) > limit:
+        return 0
+    low = 1
+    while low < high:
+        middle = (low + high + 1) // 2
+        low, high = (middle, high) if estimate(middle) <= limit else (low, middle - 1)
+    return low
+
+
+def check_memory(
+    estimate: Callable[[Mapping[str, int]], float],
+    sizes: Mapping[str, int],
+    what: str,
+    available: int | None = None,
+) -> None:
+    """Raise a one-line ``ValueError`` when ``estimate(sizes)`` bytes exceed the available memory.
+
+    :param estimate: bytes needed for flag values ``sizes`` (non-decreasing in each).
+    :param sizes: each size flag (``"--hidden"``) and its value.
+    :param what: what the memory is for (``"training and predicting"``), for the message.
+    :param available: bytes available (default :func:`available_memory`; unknown: nothing is checked).
+    """
+    available = available_memory() if available is None else available
+    need = estimate(sizes)
+    if available is None or need <= available:
+        return
+    # The flag whose reduction to 1 saves the most, and the largest value of it that fits.
+    savings = {flag: need - estimate({**sizes, flag: 1}) for flag, value in sizes.items() if value > 1}
+    if not savings:
+        raise ValueError(
+            f"{what} needs about {format_bytes(need)} of memory even at the smallest sizes, {format_bytes(available)} "
+            "available; run on a machine with more memory"
+        )
+    flag = max(savings, key=lambda name: savings[name])
+    largest = _largest_fitting(lambda value: estimate({**sizes, flag: value}), sizes[flag], available)
+    fix = f"choose {flag} {largest} or less" if largest else f"lower {flag} and " + ", ".join(set(savings) - {flag})
+    raise ValueError(
+        f"{flag} {sizes[flag]}: {what} needs about {format_bytes(need)} of memory, {format_bytes(available)} "
+        f"available; {fix} (or free memory)"
+    )
+
+
+def dense_weights(widths: list[int]) -> int:
+    """Weights and biases of a dense network of layer ``widths`` (the Bayesian networks hold their priors and
+    sample their weights at this size, whatever the guide)."""
+    return sum((fan_in + 1) * fan_out for fan_in, fan_out in itertools.pairwise(widths))
+
+
+def mlp_bytes(
+    methods: tuple[str, ...],
+    widths: list[int],
+    *,
+    batch: int,
+    samples: int,
+    test_rows: int,
+    steps: int,
+    itemsize: int,
+    extra_weights: int = 0,
+) -> float:
+    """Bytes to train a Bayesian MLP of ``widths`` with the costliest of ``methods`` and predict ``samples``
+    posterior samples on ``test_rows`` rows (the last width is the outputs per row).
+
+    :param batch: the examples of a minibatch (the whole training set for full batches).
+    :param extra_weights: parameters beyond the dense weights (planar flows, Householder vectors).
+    """
+    weights = dense_weights(widths) + extra_weights
+    per_weight = max(TRAINING_VALUES.get(method.split("+")[0], DEFAULT_TRAINING_VALUES) for method in methods)
+    training = per_weight * weights + ACTIVATION_VALUES * batch * sum(widths)
+    chunk = prediction_chunk(samples, weights, itemsize)
+    predicting = chunk * SAMPLE_VALUES * weights + PREDICTION_COPIES * samples * test_rows * widths[-1]
+    return itemsize * (training + predicting) + LOSS_BYTES * steps
+
+
+def prediction_chunk(samples: int, weights: int, itemsize: int) -> int:
+    """How many posterior samples of a network of ``weights`` dense weights to draw at once: all of them when
+    they fit in :data:`CHUNK_BYTES` (a quarter of the available memory if that is less) and number at most
+    :data:`MAX_CHUNK_SAMPLES`."""
+    per_sample = SAMPLE_VALUES * weights * itemsize
+    budget = CHUNK_BYTES
+    available = available_memory()
+    if available is not None:
+        budget = min(budget, available // 4)
+    return max(1, min(samples, MAX_CHUNK_SAMPLES, math.floor(budget / max(per_sample, 1))))
+
+
+def check_uci_memory(config: UCIConfig, sizes: SplitSizes, available: int | None = None) -> None:
+    """:func:`check_memory` for ``whvi uci``: the costliest method of ``config`` on the largest split ``sizes``
+    (:func:`~pyro_whvi.experiments.uci_data.check_source`), in the default dtype."""
+    import torch
+
+    flags = {
+        "--hidden": config.hidden,
+        "--layers": config.layers,
+        "--samples": config.samples,
+        "--batch-size": min(config.schedule.batch_size or sizes.train, sizes.train),
+        "--steps": config.schedule.steps,
+    }
+    bases = {method.split("+")[0] for method in config.methods}
+    if "nf-whvi" in bases:
+        flags["--flows"] = config.flows
+    if "vsd" in bases:
+        flags["--reflections"] = config.reflections
+    rows = max(sizes.test, math.ceil(config.val_fraction * sizes.train) if len(config.kl_weights) > 1 else 0)
+
+    def estimate(values: Mapping[str, int]) -> float:
+        hidden, layers = values["--hidden"], values["--layers"]
+        per_layer = values.get("--flows", 0) * 4 * hidden + values.get("--reflections", 0) * 2 * hidden
+        return mlp_bytes(
+            config.methods,
+            [sizes.features, *[hidden] * layers, sizes.outputs],
+            batch=values["--batch-size"],
+            samples=values["--samples"],
+            test_rows=rows,
+            steps=values["--steps"],
+            itemsize=torch.empty((), dtype=torch.get_default_dtype()).element_size(),
+            extra_weights=per_layer * (layers + 1),
+        )
+
+    check_memory(estimate, flags, "training and predicting", available)
+
+
+def check_demo_memory(samples: int, toy_steps: int, digits_steps: int, workers: int) -> None:
+    """:func:`check_memory` for ``whvi demo``: its two networks (toy 1-128-128-1 on 128 + 201 rows, digits
+    64-128-10 on at most its 1,797 rows) in each of ``workers`` processes at once."""
+    import torch
+
+    itemsize = torch.empty((), dtype=torch.get_default_dtype()).element_size()
+    flags = {"--samples": samples, "--toy-steps": toy_steps, "--digits-steps": digits_steps, "--jobs": workers}
+
+    def estimate(values: Mapping[str, int]) -> float:
+        toy = mlp_bytes(
+            ("nf-whvi",), [1, 128, 128, 1], batch=128, samples=values["--samples"], test_rows=329,
+            steps=values["--toy-steps"], itemsize=itemsize, extra_weights=3 * 4 * 128 * 3,
+        )  # fmt: skip
+        digits = mlp_bytes(
+            ("nf-whvi",), [64, 128, 10], batch=128, samples=values["--samples"], test_rows=1797,
+            steps=values["--digits-steps"], itemsize=itemsize, extra_weights=3 * 4 * 128 * 2,
+        )  # fmt: skip
+        return values["--jobs"] * max(toy, digits)
+
+    check_memory(estimate, flags, "the demo's runs", None)
+
+
+def check_gp_memory(num_points: int, dims: list[int], blocks: list[int], covariances: list[str], batch: int) -> None:
+    """:func:`check_memory` for ``whvi gp``: the data set (``num_points`` rows of the widest function, ``dims``)
+    and the largest model: a budget of the largest WHVI block's parameters, its random features (``block^2``)
+    and the inducing points matched to it, in float64."""
+    from .baselines import inducing_points_for_parameters
+    from .gp import whvi_budget
+
+    flags = {"--num-points": num_points, "--blocks": max(blocks), "--batch-size": min(batch, num_points)}
+    dim = max(dims)
+
+    def estimate(values: Mapping[str, int]) -> float:
+        rows, block, batch_ = values["--num-points"], values["--blocks"], values["--batch-size"]
+        budget = max(whvi_budget(block, covariance) for covariance in covariances)
+        inducing = max(inducing_points_for_parameters(budget, dim, covariance) for covariance in covariances)
+        features = max(block * block, budget, inducing)
+        model = DEFAULT_TRAINING_VALUES * (budget + features * dim + inducing**2)
+        activations = ACTIVATION_VALUES * (batch_ + inducing) * features
+        data = 4 * rows * (dim + 1) + PREDICTION_COPIES * math.ceil(0.2 * rows) * features
+        return 8 * (model + activations + data)
+
+    check_memory(estimate, flags, "the largest GP run", None)
+
+
+def check_synthetic_memory(rows: int, dims: list[int]) -> None:
+    """:func:`check_memory` for ``whvi synthetic``: ``rows`` of the widest function (``dims``) as float64
+    arrays and as the text of ``data.txt`` (about 25 characters a value, built and encoded)."""
+    width = max(dims) + 1
+    check_memory(lambda values: values["--rows"] * width * (4 * 8 + 3 * 25), {"--rows": rows}, "writing a set", None)
