@@ -19,8 +19,9 @@ SIMD package ``fht-cpu`` (PyPI, in the ``bench`` extra; FFHT's kernels) at D = 2
 The four calls are interleaved call by call, in alternating order, with each in-place buffer refreshed
 from the input (untimed) before its call. Each time is the median of many calls in this thread's CPU
 time (user and system, page faults included: both libraries run on the calling thread with one thread,
-and on a shared machine CPU time leaves out the time the thread waited for a core); the ratios, ours
-over theirs, are given in that clock and in wall time. Without ``fht-cpu`` its rows are skipped with a note.
+and on a shared machine CPU time leaves out the time the thread waited for a core). Each ratio is the
+median over the rounds of ours over theirs within the round (calls made back to back see the same load),
+in that clock and in wall time. Without ``fht-cpu`` its rows are skipped with a note.
 
     python benchmarks/fwht.py --quick          # about a minute
     python benchmarks/fwht.py                  # full sweep
@@ -87,9 +88,9 @@ def _peer_cases(fht: Callable[..., Any], x: torch.Tensor) -> list[_PeerCase]:
     ]
 
 
-def _interleaved_medians(cases: list[_PeerCase], budget_s: float) -> tuple[dict[str, dict[str, float]], int]:
-    """Median seconds per clock (``cpu``: this thread's, ``wall``) and case over calls interleaved one by one
-    (alternating order), and the number of repeats."""
+def _interleaved_times(cases: list[_PeerCase], budget_s: float) -> dict[str, dict[str, list[float]]]:
+    """Seconds per clock (``cpu``: this thread's, ``wall``) and case, one per round, the calls interleaved one
+    by one (alternating order)."""
     start = time.perf_counter()
     for _, call, refresh in cases:  # warm-up, and an estimate of one round
         if refresh is not None:
@@ -105,8 +106,7 @@ def _interleaved_medians(cases: list[_PeerCase], budget_s: float) -> tuple[dict[
             call()
             seconds["cpu"].setdefault(name, []).append(time.thread_time() - cpu)
             seconds["wall"].setdefault(name, []).append(time.perf_counter() - wall)
-    medians = {clock: {name: statistics.median(v) for name, v in by_case.items()} for clock, by_case in seconds.items()}
-    return medians, repeats
+    return seconds
 
 
 def peer_measure(sizes: list[int], batch: int, budget_s: float) -> list[dict[str, Any]]:
@@ -122,12 +122,13 @@ def peer_measure(sizes: list[int], batch: int, budget_s: float) -> list[dict[str
     try:
         for size in tqdm(sizes, desc="timing against fht-cpu", unit="D"):
             x = torch.randn(batch, size, generator=generator)
-            medians, repeats = _interleaved_medians(_peer_cases(fht, x), budget_s)
-            row: dict[str, Any] = {"D": size, "batch": batch, "repeats": repeats}
-            for clock, median in medians.items():
-                row |= {f"{name} {clock} us": value * 1e6 for name, value in median.items()}
+            seconds = _interleaved_times(_peer_cases(fht, x), budget_s)
+            row: dict[str, Any] = {"D": size, "batch": batch, "repeats": len(seconds["cpu"]["ours in-place"])}
+            for clock, by_case in seconds.items():
+                row |= {f"{name} {clock} us": statistics.median(values) * 1e6 for name, values in by_case.items()}
                 for form in ("out-of-place", "in-place"):
-                    row[f"{form} ratio {clock}"] = median[f"ours {form}"] / median[f"fht-cpu {form}"]
+                    pairs = zip(by_case[f"ours {form}"], by_case[f"fht-cpu {form}"])
+                    row[f"{form} ratio {clock}"] = statistics.median(ours / theirs for ours, theirs in pairs)
             rows.append(row)
     finally:
         torch.set_num_threads(threads)
@@ -137,7 +138,7 @@ def peer_measure(sizes: list[int], batch: int, budget_s: float) -> list[dict[str
 def peer_markdown(rows: list[dict[str, Any]], batch: int) -> str:
     lines = [
         f"\n### fwht against fht-cpu, batch {batch}, fp32, 1 thread: median CPU time in µs, "
-        "ratio ours / fht-cpu in CPU time (in wall time)\n"
+        "ratio ours / fht-cpu (median over rounds) in CPU time (in wall time)\n"
     ]
     if not rows:
         return "\n".join([*lines, PEER_NOTE])
@@ -297,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     suffix = "_quick" if args.quick else ""
 
     ops.load_compiled()
-    peer = peer_measure(peer_sizes, args.batch, 0.5 if args.quick else 3.0)
+    peer = peer_measure(peer_sizes, args.batch, 0.5 if args.quick else 6.0)
     peer_text = peer_markdown(peer, args.batch)
     print(peer_text)
     if peer:

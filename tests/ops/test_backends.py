@@ -25,11 +25,14 @@ def test_backends_agree():
     require_compiled_kernels()
     x = torch.randn(6, 256)
     s1, g, s2 = torch.randn(3, 256).unbind(0)
-    with ops.use_backend("reference"):
-        ref = (ops.fwht(x), ops.whvi_matvec(x, s1, g, s2))
-    with ops.use_backend("compiled"):
-        fast = (ops.fwht(x), ops.whvi_matvec(x, s1, g, s2))
-    for a, b in zip(ref, fast):
+    results = {}
+    for name in ("reference", "compiled"):
+        with ops.use_backend(name):
+            inplace, out = x.clone(), torch.empty_like(x)
+            ops.fwht_(inplace, normalized=False)
+            ops.fwht(x, out=out)
+            results[name] = (ops.fwht(x), ops.whvi_matvec(x, s1, g, s2), inplace, out)
+    for a, b in zip(results["reference"], results["compiled"]):
         torch.testing.assert_close(a, b)
 
 
