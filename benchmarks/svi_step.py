@@ -18,20 +18,27 @@ forward, backward and an Adam update (``torch.optim.Adam``, its defaults, in eve
   took 1.8 ms against 0.87 ms per step at D = 128 here);
 * ``AutoNormal`` / ``WHVI``: ``svi.step(x, y)`` with Pyro's ``SVI``, ``Trace_ELBO`` and
   ``pyro_whvi.nn.networks.BayesianMLP([D, D, D, 1])`` under ``AutoNormal(model)`` or ``AutoWHVIGuide(model)``
-  (defaults), Pyro validation off.
+  (defaults), Pyro validation off, ``pyro.optim``'s Adam (one ``torch.optim.Adam`` per parameter tensor);
+* ``AutoNormal, JIT`` / ``WHVI, JIT``: the fast path (``docs/getting-started.md``): the same ``svi.step`` with
+  ``pyro_whvi.infer.JitTrace_ELBO`` (Pyro's, compiled by ``torch.jit.trace``) and ``pyro_whvi.infer.JointOptim``
+  (one ``torch.optim.Adam`` for all the parameters);
+* ``WHVI, ELBOModule``: Pyro's module path, ``elbo = JitTrace_ELBO()(model, guide)`` with one
+  ``torch.optim.Adam(elbo.parameters())``: ``zero_grad``, ``elbo(x, y).backward()``, ``step``.
 
 Each case takes a set-up step and 3 warm-up steps first (compilation happens there). Times are medians of
 ``torch.utils.benchmark`` blocked runs using all of torch's threads (or ``--threads``), the best of 3
-interleaved rounds (2 with ``--quick``), so that every case sees the same machine state. Also reported:
-the number of variational parameters of the two guides and of the layers. Results go to ``--out`` as
-JSON, CSV, a markdown table and a plot of time vs D (``svi_step*``; on CUDA ``svi_step_cuda*``). Other
-processes on the cores slow multi-threaded steps badly; try ``--threads 1``. On CUDA the timer synchronizes
-the device around each timed block, and the SVI steps include Pyro's own host sync (``svi.step`` returns a
-float).
+interleaved rounds (2 with ``--quick``), so that every case sees the same machine state; ``--clock cpu`` times
+this process's CPU time instead of the wall clock (on cores shared with other work it leaves out the time the
+process waits). Also reported: the number of variational parameters of the two guides and of the layers.
+Results go to ``--out`` as JSON, CSV, a markdown table and a plot of time vs D (``svi_step*``; on CUDA
+``svi_step_cuda*``). Other processes on the cores slow multi-threaded steps badly; try ``--threads 1``. On CUDA
+the timer synchronizes the device around each timed block, and the SVI steps include Pyro's own host sync
+(``svi.step`` returns a float).
 
     python benchmarks/svi_step.py --quick                  # D up to 2^10
     python benchmarks/svi_step.py                          # full sweep
     python benchmarks/svi_step.py --device cuda            # on the GPU (Triton kernels), D up to 2^12
+    python benchmarks/svi_step.py --quick --threads 1 --clock cpu   # CPU time, on a shared machine
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ import argparse
 import gc
 import math
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -56,6 +64,7 @@ from tqdm import tqdm
 
 from pyro_whvi import AutoWHVIGuide, ops
 from pyro_whvi.experiments.arguments import check_device
+from pyro_whvi.infer import JitTrace_ELBO, JointOptim
 from pyro_whvi.nn import BayesianMLP, bayesian_, kl_divergence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -69,7 +78,11 @@ CASES = {
     "layers_compiled": "pyro_whvi.nn layers, compiled",
     "autonormal": "SVI AutoNormal",
     "whvi": "SVI AutoWHVIGuide",
+    "autonormal_jit": "SVI AutoNormal, JIT",
+    "whvi_jit": "SVI AutoWHVIGuide, JIT",
+    "whvi_module": "AutoWHVIGuide, JIT ELBOModule",
 }
+SVI_CASES = ("autonormal", "whvi", "autonormal_jit", "whvi_jit", "whvi_module")
 WARMUP_STEPS = 3
 
 
@@ -115,36 +128,60 @@ def _torch_step(case: str, size: int, x: torch.Tensor, y: torch.Tensor) -> tuple
 
 
 def _svi_step(case: str, size: int, x: torch.Tensor, y: torch.Tensor) -> tuple[Callable[[], Any], StateDict, int]:
-    """A set-up and warmed-up SVI step for one guide, its param-store scope and its parameter count."""
+    """A set-up and warmed-up SVI (or ELBOModule) step for one guide, its param-store scope and its parameter count."""
     model = BayesianMLP([size, size, size, 1]).to(x.device)  # its priors follow; the guide's params go there
     with pyro.get_param_store().scope() as state:
         guide: AutoNormal | AutoWHVIGuide
-        guide = AutoWHVIGuide(model) if case == "whvi" else AutoNormal(model)
-        svi = SVI(model, guide, _adam(), Trace_ELBO())
-        loss = svi.step(x, y)  # sets the guide up, with Pyro's validation as configured
+        guide = AutoWHVIGuide(model) if case.startswith("whvi") else AutoNormal(model)
+        if case == "whvi_module":
+            step = _module_step(JitTrace_ELBO()(model, guide), x, y)
+        else:
+            jit = case.endswith("_jit")
+            optim = JointOptim(torch.optim.Adam, {"lr": 1e-3}) if jit else _adam()
+            svi = SVI(model, guide, optim, JitTrace_ELBO() if jit else Trace_ELBO())
+            step = lambda: svi.step(x, y)  # noqa: E731
+        loss = step()  # sets the guide up (and compiles), with Pyro's validation as configured
         with pyro.validation_enabled(False):
             for _ in range(WARMUP_STEPS):
-                loss = svi.step(x, y)
-        if not math.isfinite(loss):
-            raise RuntimeError(f"{case} at D={size}: non-finite loss {loss} after warm-up")
-    return (lambda: svi.step(x, y)), state, sum(p.numel() for p in guide.parameters())
+                loss = step()
+        if not math.isfinite(float(loss)):
+            raise RuntimeError(f"{case} at D={size}: non-finite loss {float(loss)} after warm-up")
+    return step, state, sum(p.numel() for p in guide.parameters())
+
+
+def _module_step(elbo: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> Callable[[], Any]:
+    """``ELBOModule`` with one ``torch.optim.Adam`` over its parameters (created by the first call)."""
+    optimizer: list[torch.optim.Optimizer] = []
+
+    def step() -> torch.Tensor:
+        if optimizer:
+            optimizer[0].zero_grad()
+        loss = elbo(x, y)
+        loss.backward()
+        if not optimizer:
+            optimizer.append(torch.optim.Adam(elbo.parameters(), lr=1e-3))
+        optimizer[0].step()
+        return loss.detach()
+
+    return step
 
 
 def _setup(case: str, size: int, x: torch.Tensor, y: torch.Tensor) -> tuple[Callable[[], Any], StateDict | None, int]:
-    if case in ("autonormal", "whvi"):
+    if case in SVI_CASES:
         return _svi_step(case, size, x, y)
     step, count = _torch_step(case, size, x, y)
     return step, None, count
 
 
-def _time(step: Callable[[], Any], state: StateDict | None, min_run_time: float) -> float:
+def _time(step: Callable[[], Any], state: StateDict | None, min_run_time: float, clock: str = "wall") -> float:
+    timer_fn = time.process_time if clock == "cpu" else time.perf_counter
     with pyro.get_param_store().scope(state), pyro.validation_enabled(False):
-        timer = benchmark.Timer(stmt="fn()", globals={"fn": step}, num_threads=torch.get_num_threads())
+        timer = benchmark.Timer(stmt="fn()", globals={"fn": step}, num_threads=torch.get_num_threads(), timer=timer_fn)
         return float(timer.blocked_autorange(min_run_time=min_run_time).median)
 
 
 def measure(
-    sizes: list[int], batch: int, min_run_time: float, rounds: int, label: str, device: str = "cpu"
+    sizes: list[int], batch: int, min_run_time: float, rounds: int, label: str, device: str = "cpu", clock: str = "wall"
 ) -> list[dict[str, Any]]:
     """One row per D; each D's cases run in ``rounds`` interleaved rounds and the fastest median is kept.
     The batch is drawn on the CPU (the same numbers on every device) and moved to ``device``."""
@@ -159,13 +196,14 @@ def measure(
             best = dict.fromkeys(CASES, math.inf)
             for _ in range(rounds):
                 for case, (step, state, _) in cases.items():
-                    best[case] = min(best[case], _time(step, state, min_run_time))
+                    best[case] = min(best[case], _time(step, state, min_run_time, clock))
                     progress.update()
             row: dict[str, Any] = {"D": size, "batch": batch}
             row.update(autonormal_params=cases["autonormal"][2], whvi_params=cases["whvi"][2])
             row.update(layers_params=cases["layers"][2])
             row.update({f"{case}_ms_per_step": best[case] * 1e3 for case in CASES})
             row.update({f"{case}_over_plain": best[case] / best["plain"] for case in CASES if case != "plain"})
+            row["whvi_jit_over_autonormal_jit"] = best["whvi_jit"] / best["autonormal_jit"]
             rows.append({**row, "whvi_over_autonormal": best["whvi"] / best["autonormal"]})
             del cases
             gc.collect()
@@ -177,10 +215,11 @@ def _where(device: str, threads: int) -> str:
     return f"CPU, {threads} threads" if device == "cpu" else torch.cuda.get_device_name()
 
 
-def markdown(rows: list[dict[str, Any]], batch: int, threads: int, device: str = "cpu") -> str:
+def markdown(rows: list[dict[str, Any]], batch: int, threads: int, device: str = "cpu", clock: str = "wall") -> str:
+    what = "CPU time of the process" if clock == "cpu" else "wall time"
     lines = [
         f"\n### One training step of a [D, D, D, 1] Bayesian MLP, batch {batch}, fp32, {_where(device, threads)} "
-        "(ms per step; in brackets: over plain PyTorch)\n",
+        f"(ms per step, {what}; in brackets: over plain PyTorch)\n",
         "| D | " + " | ".join(CASES.values()) + " | params AutoNormal / AutoWHVIGuide / layers |",
         "|---|" + "---|" * (len(CASES) + 1),
     ]
@@ -224,6 +263,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--device", choices=("cpu", "cuda"), default="cpu", help="where the networks and the batch live (default cpu)"
     )
+    parser.add_argument(
+        "--clock",
+        choices=("wall", "cpu"),
+        default="wall",
+        help="wall time (default) or this process's CPU time, steadier where other processes share the cores",
+    )
     args = parser.parse_args(argv)
     try:
         check_device(args.device)
@@ -249,11 +294,12 @@ def main(argv: list[str] | None = None) -> int:
     # recompilations per function would end the sweep with a hard error under fullgraph=True.
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 4 * len(sizes))
     try:
-        rows = measure(sizes, args.batch, min_run_time, rounds, "quick" if args.quick else "full", args.device)
+        label = "quick" if args.quick else "full"
+        rows = measure(sizes, args.batch, min_run_time, rounds, label, args.device, args.clock)
     finally:
         torch.set_default_dtype(previous_dtype)
         torch.set_num_threads(previous_threads)
-    text = markdown(rows, args.batch, threads, args.device)
+    text = markdown(rows, args.batch, threads, args.device, args.clock)
     print(text)
 
     stem = "svi_step" + ("_cuda" if args.device == "cuda" else "") + ("_quick" if args.quick else "")
@@ -262,6 +308,7 @@ def main(argv: list[str] | None = None) -> int:
         pyro=pyro.__version__,
         whvi_backend=backend,
         threads=threads,
+        clock=args.clock,
         rounds=rounds,
         min_run_time=min_run_time,
         warmup_steps=WARMUP_STEPS,

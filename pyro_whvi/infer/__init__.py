@@ -1,6 +1,9 @@
-"""Inference: the structured guides (WHVI, VSD), the WHVI reparameterizer, lazy weights, KL annealing."""
+"""Inference: the structured guides (WHVI, VSD), the WHVI reparameterizer, lazy weights, KL annealing, the JIT-compiled
+ELBOs and the one-optimizer ``PyroOptim`` of the fast path."""
 
 from .annealing import KLAnnealing
+from .jit_elbo import JitTrace_ELBO, JitTraceMeanField_ELBO
+from .joint_optim import JointOptim
 from .lazy_weight import LazyWeight, example_seeds, local_reparameterization
 from .model_transform import ModelModule, ModelTransform, remove_transform
 from .vsd_guide import AutoVSDGuide, HouseholderVectors
@@ -15,6 +18,9 @@ __all__ = [
     "AutoWHVIGuide",
     "EmpiricalBayesPrior",
     "HouseholderVectors",
+    "JitTraceMeanField_ELBO",
+    "JitTrace_ELBO",
+    "JointOptim",
     "KLAnnealing",
     "LazyWeight",
     "ModelModule",

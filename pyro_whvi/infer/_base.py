@@ -39,6 +39,7 @@ from pyro.ops.tensor_utils import periodic_repeat
 from torch import Tensor
 from torch.distributions import biject_to
 
+from ..distributions.whvi_matrix import has_real_support
 from ._guide_utils import assign_param_, deep_getattr, deep_set_param, has_deep_attr, normal_quantiles, prior_stddev
 from .lazy_weight import check_example_dim
 from .model_transform import ModelTransform
@@ -190,18 +191,18 @@ class StructuredAutoGuide(AutoNormal):
         raise NotImplementedError
 
     def _sample_mean_field(self, name: str, site: dict, plates: dict) -> Tensor:
-        """One site as ``AutoNormal.forward`` samples it."""
+        """One site as ``AutoNormal.forward`` samples it; a real-valued one straight from its Normal: the same draw,
+        value and ``Trace_ELBO``, one sample site instead of an auxiliary one and its ``Delta``."""
         transform = biject_to(site["fn"].support)
         with ExitStack() as stack:
             for frame in site["cond_indep_stack"]:
                 if frame.vectorized:
                     stack.enter_context(plates[frame.name])
             loc, scale = self._get_loc_and_scale(name)
-            unconstrained = pyro.sample(
-                name + "_unconstrained",
-                dist.Normal(loc, scale).to_event(self._event_dims[name]),
-                infer={"is_auxiliary": True},
-            )
+            posterior = dist.Normal(loc, scale).to_event(self._event_dims[name])
+            if has_real_support(site["fn"]):
+                return pyro.sample(name, posterior)
+            unconstrained = pyro.sample(name + "_unconstrained", posterior, infer={"is_auxiliary": True})
             value = transform(unconstrained)
             if poutine.get_mask() is False:
                 log_density = 0.0

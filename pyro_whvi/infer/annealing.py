@@ -22,8 +22,10 @@ References:
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 
+import torch
 from pyro.poutine.messenger import Messenger
 
 __all__ = ["KLAnnealing"]
@@ -37,6 +39,13 @@ class _ScaleLatents(Messenger):
     def _pyro_sample(self, msg):
         if not msg["is_observed"]:
             msg["scale"] = msg["scale"] * self.annealing.factor
+            if torch.jit.is_tracing():
+                warnings.warn(
+                    f"KLAnnealing under the JIT (JitTrace_ELBO and kin): the compiled loss keeps factor="
+                    f"{self.annealing.factor} and ignores later changes; train a schedule with Trace_ELBO.",
+                    UserWarning,
+                    stacklevel=2,
+                )
 
 
 class KLAnnealing:

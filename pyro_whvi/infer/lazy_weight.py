@@ -54,6 +54,7 @@ from .draw_scope import (
     local_reparameterization_enabled,
     seeded_draws,
 )
+from .jit_elbo import refuse_under_trace
 
 # The draw-scope helpers are re-exported here, where they were defined until the module was split.
 __all__ = [
@@ -129,13 +130,17 @@ class LazyWeight(Tensor):
             seeds = active_example_seeds()
             if seeds is None:
                 self._example_noise = self.draw_examples(count)
-            elif len(seeds) != count:
+                return self._example_noise
+            refuse_under_trace(
+                f"{self._label()}: example_seeds",
+                "its per-example generators would be left out of the compiled graph; train with Trace_ELBO.",
+            )
+            if len(seeds) != count:
                 raise ValueError(
                     f"{self._label()}: example_seeds gave {len(seeds)} seeds for a batch of {count} examples; "
                     "pass one seed per example."
                 )
-            else:
-                self._example_noise = seeded_draws(self.draw_examples, seeds, self.site or "", self.device)
+            self._example_noise = seeded_draws(self.draw_examples, seeds, self.site or "", self.device)
         elif self._example_noise.shape[0] != count:
             raise ValueError(
                 f"{self._label()}: this model execution drew noise for {self._example_noise.shape[0]} examples and "

@@ -15,20 +15,26 @@ SCRIPT = ROOT / "benchmarks" / "svi_step.py"
 @pytest.mark.slow
 def test_svi_step_benchmark_quick(tmp_path):
     argv = [str(SCRIPT), "--quick", "--max-log2-d", "8", "--batch", "8", "--rounds", "1", "--min-run-time", "0.01"]
-    argv += ["--threads", "1", "--device", "cpu", "--out", str(tmp_path)]  # --device cpu: the default, explicit
+    argv += ["--threads", "1", "--device", "cpu", "--clock", "cpu", "--out", str(tmp_path)]  # --device cpu: the default
     result = run_python(f"import runpy, sys; sys.argv = {argv!r}; runpy.run_path(sys.argv[0], run_name='__main__')")
     assert result.returncode == 0, result.stderr[-3000:]
     for suffix in ("json", "csv", "md", "png"):
         assert (tmp_path / f"svi_step_quick.{suffix}").is_file(), suffix
     data = json.loads((tmp_path / "svi_step_quick.json").read_text())
-    assert data["meta"]["validation"] is False and data["meta"]["threads"] == 1
+    assert data["meta"]["validation"] is False and data["meta"]["threads"] == 1 and data["meta"]["clock"] == "cpu"
     assert data["meta"]["device"] == "CPU, 1 threads"
     rows = {row["D"]: row for row in data["results"]}
     assert sorted(rows) == [128, 256]
     for size, row in rows.items():
         assert row["batch"] == 8
         cases = ("plain", "plain_compiled", "layers", "layers_compiled", "autonormal", "whvi")
+        cases += ("autonormal_jit", "whvi_jit", "whvi_module")  # the fast path: JitTrace_ELBO, one optimizer
         assert {f"{case}_ms_per_step" for case in cases} <= set(row), sorted(row)
+        assert all(row[f"{case}_ms_per_step"] > 0 for case in cases)
+        assert row["whvi_jit_over_plain"] == pytest.approx(row["whvi_jit_ms_per_step"] / row["plain_ms_per_step"])
+        assert row["whvi_jit_over_autonormal_jit"] == pytest.approx(
+            row["whvi_jit_ms_per_step"] / row["autonormal_jit_ms_per_step"]
+        )
         assert row["layers_over_plain"] == pytest.approx(row["layers_ms_per_step"] / row["plain_ms_per_step"])
         assert row["whvi_over_autonormal"] == pytest.approx(row["whvi_ms_per_step"] / row["autonormal_ms_per_step"])
         # AutoNormal: a loc and a scale per weight and bias of the [D, D, D, 1] network.
@@ -36,7 +42,9 @@ def test_svi_step_benchmark_quick(tmp_path):
         assert 0 < row["whvi_params"] < row["autonormal_params"]
         # The layers: the guide's WHVI and mean-field parameters, plus the learned noise scale (a point estimate).
         assert row["layers_params"] == row["whvi_params"] + 1
-    assert "| D | plain PyTorch | plain PyTorch, compiled |" in (tmp_path / "svi_step_quick.md").read_text()
+    table = (tmp_path / "svi_step_quick.md").read_text()
+    assert "| D | plain PyTorch | plain PyTorch, compiled |" in table and "CPU time of the process" in table
+    assert "| SVI AutoNormal, JIT | SVI AutoWHVIGuide, JIT | AutoWHVIGuide, JIT ELBOModule |" in table
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error of a machine without CUDA")
