@@ -31,9 +31,9 @@ interleaved rounds (2 with ``--quick``), so that every case sees the same machin
 this process's CPU time instead of the wall clock (on cores shared with other work it leaves out the time the
 process waits). Also reported: the number of variational parameters of the two guides and of the layers.
 Results go to ``--out`` as JSON, CSV, a markdown table and a plot of time vs D (``svi_step*``; on CUDA
-``svi_step_cuda*``). Other processes on the cores slow multi-threaded steps badly; try ``--threads 1``. On CUDA
-the timer synchronizes the device around each timed block, and the SVI steps include Pyro's own host sync
-(``svi.step`` returns a float).
+``svi_step_cuda*``; with ``--clock cpu`` ``*_cpu_time``). Other processes on the cores slow multi-threaded steps
+badly; try ``--threads 1``. On CUDA the timer synchronizes the device around each timed block, and the SVI steps
+include Pyro's own host sync (``svi.step`` returns a float).
 
     python benchmarks/svi_step.py --quick                  # D up to 2^10
     python benchmarks/svi_step.py                          # full sweep
@@ -303,6 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
 
     stem = "svi_step" + ("_cuda" if args.device == "cuda" else "") + ("_quick" if args.quick else "")
+    stem += "_cpu_time" if args.clock == "cpu" else ""
     meta = environment(
         device=_where(args.device, threads),
         pyro=pyro.__version__,
