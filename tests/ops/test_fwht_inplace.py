@@ -169,6 +169,37 @@ def test_torch_compile_functionalizes_the_mutating_forms():
         torch.testing.assert_close(compiled(x), step(x))
 
 
+def test_python_autograd_kernels_of_the_operators(backend):
+    """The autograd kernels that ``torch.ops.pyro_whvi.fwht_`` and ``fwht.out`` use on devices without the C++
+    ones (CUDA), called directly on CPU tensors (below them: the compiled or the reference kernel)."""
+    from pyro_whvi.ops import _library
+
+    torch.manual_seed(0)
+    x = torch.randn(3, 16, requires_grad=True)
+
+    def inplace(t):
+        y = t * 1.5
+        _library._fwht_inplace_autograd(y, False)
+        return y
+
+    assert torch.autograd.gradcheck(inplace, (x,))
+    with pytest.raises(RuntimeError, match="a leaf Variable that requires grad"):
+        _library._fwht_inplace_autograd(x)
+    with pytest.raises(RuntimeError, match="a view of a leaf Variable"):
+        _library._fwht_inplace_autograd(x[:1])
+    y = x * 1.0
+    saved = y * y
+    _library._fwht_inplace_autograd(y)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        saved.sum().backward()
+    with pytest.raises(RuntimeError, match="out= does not support automatic differentiation"):
+        _library._fwht_out_autograd(x, out=torch.empty(3, 16))
+    out = torch.empty(3, 16)
+    _library._fwht_out_autograd(x.detach(), out=out)
+    torch.testing.assert_close(out, ops.reference.fwht(x.detach()))
+    assert out._version > 0
+
+
 TRITON_CHECKS = r"""
 import numpy as np, scipy.linalg, torch
 from pyro_whvi.ops import reference, triton_backend as tb
