@@ -31,7 +31,7 @@ interleaved rounds (2 with ``--quick``), so that every case sees the same machin
 this process's CPU time instead of the wall clock (on cores shared with other work it leaves out the time the
 process waits). Also reported: the number of variational parameters of the two guides and of the layers.
 Results go to ``--out`` as JSON, CSV, a markdown table and a plot of time vs D (``svi_step*``; on CUDA
-``svi_step_cuda*``; with ``--clock cpu`` ``*_cpu_time``). Other processes on the cores slow multi-threaded steps
+``svi_step_cuda*``; ``--clock cpu`` adds ``_cpu_time``). Other processes on the cores slow multi-threaded steps
 badly; try ``--threads 1``. On CUDA the timer synchronizes the device around each timed block, and the SVI steps
 include Pyro's own host sync (``svi.step`` returns a float).
 
@@ -302,8 +302,8 @@ def main(argv: list[str] | None = None) -> int:
     text = markdown(rows, args.batch, threads, args.device, args.clock)
     print(text)
 
-    stem = "svi_step" + ("_cuda" if args.device == "cuda" else "") + ("_quick" if args.quick else "")
-    stem += "_cpu_time" if args.clock == "cpu" else ""
+    stem = "svi_step" + ("_cuda" if args.device == "cuda" else "") + ("_cpu_time" if args.clock == "cpu" else "")
+    stem += "_quick" if args.quick else ""
     meta = environment(
         device=_where(args.device, threads),
         pyro=pyro.__version__,
