@@ -4,10 +4,11 @@ layers of ``pyro_whvi.nn`` (eager and ``torch.compile``), and plain PyTorch, in 
 The network is two hidden layers of width D on D inputs with one output, for D = 2^7 ... 2^12, on one
 fixed batch (default 64 rows) of float32 inputs, on the CPU or (``--device cuda``) the first CUDA GPU: the
 networks, the guides' parameters and the batch live there. A step is one ELBO sample (or loss),
-forward, backward and an Adam update (``torch.optim.Adam``, its defaults, in every case):
+forward, backward and an Adam update (``torch.optim.Adam``, lr 1e-3): ``fused=True`` (one kernel over all the
+tensors) in every case but Pyro's default path (``AutoNormal`` / ``WHVI``), which uses ``pyro.optim``'s:
 
 * ``plain``: ``nn.Sequential(Linear, ReLU, Linear, ReLU, Linear)`` with a Gaussian likelihood and a
-  learned noise scale: the cost of the network itself, the baseline of every ratio;
+  learned noise scale: the cost of the network itself, the baseline of every ratio (one fused Adam);
 * ``plain compiled``: the same loss through ``torch.compile(fullgraph=True)``;
 * ``layers``: the same ``nn.Sequential`` through ``pyro_whvi.nn.bayesian_(net, "whvi",
   mean_field_last_layer=True)``: WHVI on the two ``D x D``-ish weights, mean-field biases and output
@@ -18,12 +19,13 @@ forward, backward and an Adam update (``torch.optim.Adam``, its defaults, in eve
   took 1.8 ms against 0.87 ms per step at D = 128 here);
 * ``AutoNormal`` / ``WHVI``: ``svi.step(x, y)`` with Pyro's ``SVI``, ``Trace_ELBO`` and
   ``pyro_whvi.nn.networks.BayesianMLP([D, D, D, 1])`` under ``AutoNormal(model)`` or ``AutoWHVIGuide(model)``
-  (defaults), Pyro validation off, ``pyro.optim``'s Adam (one ``torch.optim.Adam`` per parameter tensor);
+  (defaults), Pyro validation off, ``pyro.optim``'s Adam (one ``torch.optim.Adam`` per parameter tensor, torch's
+  defaults: Pyro's default path);
 * ``AutoNormal, JIT`` / ``WHVI, JIT``: the fast path (``docs/getting-started.md``): the same ``svi.step`` with
   ``pyro_whvi.infer.JitTrace_ELBO`` (Pyro's, compiled by ``torch.jit.trace``) and ``pyro_whvi.infer.JointOptim``
-  (one ``torch.optim.Adam`` for all the parameters);
+  (one fused ``torch.optim.Adam`` for all the parameters, which sets their gradients to ``None`` after the step);
 * ``WHVI, ELBOModule``: Pyro's module path, ``elbo = JitTrace_ELBO()(model, guide)`` with one
-  ``torch.optim.Adam(elbo.parameters())``: ``zero_grad``, ``elbo(x, y).backward()``, ``step``.
+  fused ``torch.optim.Adam(elbo.parameters())``: ``zero_grad``, ``elbo(x, y).backward()``, ``step``.
 
 Each case takes a set-up step and 3 warm-up steps first (compilation happens there). Times are medians of
 ``torch.utils.benchmark`` blocked runs using all of torch's threads (or ``--threads``), the best of 3
@@ -84,6 +86,8 @@ CASES = {
 }
 SVI_CASES = ("autonormal", "whvi", "autonormal_jit", "whvi_jit", "whvi_module")
 WARMUP_STEPS = 3
+#: The Adam of every case but Pyro's default path (``_adam``): one fused kernel over all the tensors.
+FUSED_ADAM: dict[str, Any] = {"lr": 1e-3, "fused": True}
 
 
 def _adam() -> PyroOptim:
@@ -102,7 +106,7 @@ def _torch_step(case: str, size: int, x: torch.Tensor, y: torch.Tensor) -> tuple
         bayesian_(network, "whvi", mean_field_last_layer=True)
     log_noise = nn.Parameter(torch.zeros((), device=x.device))
     parameters = [*network.parameters(), log_noise]
-    optimizer = torch.optim.Adam(parameters, lr=1e-3)
+    optimizer = torch.optim.Adam(parameters, lr=FUSED_ADAM["lr"], fused=True)
     bayesian = case.startswith("layers")
 
     def loss_fn(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -137,7 +141,7 @@ def _svi_step(case: str, size: int, x: torch.Tensor, y: torch.Tensor) -> tuple[C
             step = _module_step(JitTrace_ELBO()(model, guide), x, y)
         else:
             jit = case.endswith("_jit")
-            optim = JointOptim(torch.optim.Adam, {"lr": 1e-3}) if jit else _adam()
+            optim = JointOptim(torch.optim.Adam, FUSED_ADAM) if jit else _adam()
             svi = SVI(model, guide, optim, JitTrace_ELBO() if jit else Trace_ELBO())
             step = lambda: svi.step(x, y)  # noqa: E731
         loss = step()  # sets the guide up (and compiles), with Pyro's validation as configured
@@ -159,7 +163,7 @@ def _module_step(elbo: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> Cal
         loss = elbo(x, y)
         loss.backward()
         if not optimizer:
-            optimizer.append(torch.optim.Adam(elbo.parameters(), lr=1e-3))
+            optimizer.append(torch.optim.Adam(elbo.parameters(), lr=FUSED_ADAM["lr"], fused=True))
         optimizer[0].step()
         return loss.detach()
 
@@ -219,7 +223,8 @@ def markdown(rows: list[dict[str, Any]], batch: int, threads: int, device: str =
     what = "CPU time of the process" if clock == "cpu" else "wall time"
     lines = [
         f"\n### One training step of a [D, D, D, 1] Bayesian MLP, batch {batch}, fp32, {_where(device, threads)} "
-        f"(ms per step, {what}; in brackets: over plain PyTorch)\n",
+        f"(ms per step, {what}; in brackets: over plain PyTorch). Adam: one fused torch.optim.Adam in every case "
+        "but SVI AutoNormal / SVI AutoWHVIGuide (pyro.optim's: one torch.optim.Adam per parameter tensor)\n",
         "| D | " + " | ".join(CASES.values()) + " | params AutoNormal / AutoWHVIGuide / layers |",
         "|---|" + "---|" * (len(CASES) + 1),
     ]

@@ -9,6 +9,11 @@ r"""Pyro's JIT-compiled ELBOs with three of their flaws fixed (Pyro 1.9): the fa
   attribute than the one it stores it in, so it traces the model and guide again on every call: three
   executions per step, slower than ``TraceMeanField_ELBO``, and three times the random draws. Here it
   compiles once.
+* **The constraints in the compiled graph.** Pyro's compiled-function wrapper calls ``pyro.param`` for every
+  parameter on every call, outside the graph (a handler-stack round trip and a constraint transform each, only
+  to find the unconstrained tensor). Here the graph takes the unconstrained tensors, applies the constraints
+  inside and returns the constrained values too; the wrapper reads the tensors from the param store and reports
+  each one to the active handlers (``SVI``'s parameter trace) as a ``pyro.param`` site with that value.
 * **Clear refusals.** A compiled ELBO is bound to the model and guide of its first call (Pyro's silently
   keeps using them with another pair), and reads the parameters from Pyro's param store (with
   ``module_local_params=True`` Pyro fails on a ``KeyError``); both raise a one-line error naming the fix.
@@ -20,10 +25,16 @@ compilation, see :func:`refuse_under_trace`.
 
 from __future__ import annotations
 
+import weakref
+
 import pyro
 import pyro.infer
 import torch
-from pyro.util import warn_if_nan
+from pyro import poutine
+from pyro.ops.jit import CompiledFunction, _hashable_args_kwargs
+from pyro.poutine.runtime import Message, am_i_wrapped, apply_stack
+from pyro.util import ignore_jit_warnings, warn_if_nan
+from torch.distributions import constraints
 
 __all__ = ["JitTraceMeanField_ELBO", "JitTrace_ELBO", "refuse_under_trace"]
 
@@ -34,12 +45,89 @@ def refuse_under_trace(what: str, fix: str) -> None:
         raise RuntimeError(f"{what} cannot be compiled by the JIT (JitTrace_ELBO and kin); {fix}")
 
 
+class _CompiledOnParams:
+    """What ``pyro.ops.jit.trace`` returns (``CompiledFunction``), with the parameters' constraints applied inside
+    the compiled graph: built from Pyro's (its ``fn`` and options) the first time Pyro stores one."""
+
+    def __init__(self, pyro_compiled: CompiledFunction):
+        self.fn = pyro_compiled.fn
+        self.ignore_warnings = pyro_compiled.ignore_warnings
+        self.jit_options = {key: value for key, value in pyro_compiled.jit_options.items() if key != "time_compilation"}
+        #: ``{(number of args, kwargs): (graph, parameter names, whether fn returns a tuple)}``
+        self.compiled: dict = {}
+
+    def __call__(self, *args, **kwargs):
+        key = _hashable_args_kwargs(args, kwargs)
+        if key not in self.compiled:
+            self.compiled[key] = self._compile(args, kwargs)
+        graph, names, returns_tuple = self.compiled[key]
+        stored = dict(pyro.get_param_store().named_parameters())
+        try:
+            unconstrained = [stored[name] for name in names]
+        except KeyError as missing:
+            raise RuntimeError(
+                f"The compiled ELBO reads parameter {missing}, no longer in Pyro's param store (cleared?); build "
+                "a new JitTrace_ELBO() after pyro.clear_param_store()."
+            ) from None
+        outputs = graph(*unconstrained, *args)
+        results = outputs[: len(outputs) - len(names)]
+        if am_i_wrapped():
+            _report_params(names, outputs[len(results) :], unconstrained)
+        return results if returns_tuple else results[0]
+
+    def _compile(self, args: tuple, kwargs: dict) -> tuple:
+        with poutine.block(), poutine.trace(param_only=True) as capture:
+            self.fn(*args, **kwargs)
+        names = list(capture.trace.nodes)
+        store = pyro.get_param_store()
+        returns_tuple: list[bool] = []
+
+        def on_params(*params_and_args):
+            # store[name] is the constrained value of the unconstrained input (the same tensor), traced.
+            constrained = {name: store[name] for name in names}
+            out = poutine.replay(self.fn, params=constrained)(*params_and_args[len(names) :], **kwargs)
+            returns_tuple.append(isinstance(out, tuple))
+            return (*(out if isinstance(out, tuple) else (out,)), *constrained.values())
+
+        traced = ignore_jit_warnings()(on_params) if self.ignore_warnings else on_params
+        stored = dict(store.named_parameters())
+        inputs = (*(stored[name] for name in names), *args)
+        with poutine.block(), pyro.validation_enabled(False):
+            graph = torch.jit.trace(traced, inputs, **self.jit_options)
+        return graph, names, returns_tuple[0]
+
+
+def _report_params(names: list[str], constrained: tuple, unconstrained: list[torch.Tensor]) -> None:
+    """Send a ``pyro.param(name)`` message with each (already computed) constrained value through the handlers."""
+    get_param = pyro.get_param_store().get_param
+    for name, value, param in zip(names, constrained, unconstrained):
+        value.unconstrained = weakref.ref(param)
+        msg = Message(
+            type="param",
+            name=name,
+            fn=get_param,
+            is_observed=False,
+            args=(name,),
+            kwargs={"constraint": constraints.real, "event_dim": None},  # pyro.param(name)'s defaults
+            value=value,
+            scale=1.0,
+            mask=None,
+            cond_indep_stack=(),
+            done=False,
+            stop=False,
+            continuation=None,
+            infer={},
+        )
+        apply_stack(msg)
+
+
 class _BoundToOnePair:
     """What the two ELBOs share: one model and guide per instance, Pyro's global param store, and
     ``ignore_jit_warnings=True`` by default (the ``TracerWarning`` s of shape checks, which the trace keeps
     as they were; pass ``False`` to see them)."""
 
     _bound: tuple | None = None
+    _compiled: _CompiledOnParams | None = None
 
     def __init__(self, *args, ignore_jit_warnings: bool = True, **kwargs):
         super().__init__(*args, ignore_jit_warnings=ignore_jit_warnings, **kwargs)  # type: ignore[call-arg]
@@ -60,10 +148,20 @@ class _BoundToOnePair:
                 "for each model and guide pair."
             )
 
+    def _get_compiled(self) -> _CompiledOnParams | None:
+        return self._compiled
+
+    def _set_compiled(self, pyro_compiled: CompiledFunction) -> None:
+        self._compiled = _CompiledOnParams(pyro_compiled)
+
 
 class JitTrace_ELBO(_BoundToOnePair, pyro.infer.JitTrace_ELBO):
     """Pyro's :class:`~pyro.infer.JitTrace_ELBO`; ``differentiable_loss`` (the ``ELBOModule`` path) has the
-    ELBO's gradient, not twice it, and misuse raises (see the module docstring)."""
+    ELBO's gradient, not twice it, the constraints run in the compiled graph, and misuse raises (see the module
+    docstring)."""
+
+    # Where Pyro's method stores (and reads) its compiled function: ours wraps what it stores.
+    _loss_and_surrogate_loss = property(_BoundToOnePair._get_compiled, _BoundToOnePair._set_compiled)
 
     def loss_and_surrogate_loss(self, model, guide, *args, **kwargs):
         self._check_call(model, guide)
@@ -76,12 +174,14 @@ class JitTrace_ELBO(_BoundToOnePair, pyro.infer.JitTrace_ELBO):
 
 
 class JitTraceMeanField_ELBO(_BoundToOnePair, pyro.infer.JitTraceMeanField_ELBO):
-    """Pyro's :class:`~pyro.infer.JitTraceMeanField_ELBO`, compiled once instead of on every call, and misuse
-    raises (see the module docstring)."""
+    """Pyro's :class:`~pyro.infer.JitTraceMeanField_ELBO`, compiled once instead of on every call, with the
+    constraints in the compiled graph, and misuse raises (see the module docstring)."""
+
+    _differentiable_loss = property(_BoundToOnePair._get_compiled, _BoundToOnePair._set_compiled)
 
     def differentiable_loss(self, model, guide, *args, **kwargs):
         self._check_call(model, guide)
-        compiled = getattr(self, "_differentiable_loss", None)
+        compiled = self._differentiable_loss
         if compiled is None:  # Pyro's method builds it (and stores it where it never looks again)
             return super().differentiable_loss(model, guide, *args, **kwargs)
         return compiled(*args, **kwargs, _pyro_model_id=id(model), _pyro_guide_id=id(guide))

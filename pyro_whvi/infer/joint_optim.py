@@ -4,7 +4,10 @@ Pyro's :class:`~pyro.optim.PyroOptim` (``pyro.optim.Adam`` and kin) builds one `
 parameter tensor and calls ``step()`` on each: with a guide's dozens of small tensors that Python loop costs more
 than the network's own step. :class:`JointOptim` is a ``PyroOptim`` with one optimizer, new parameters joining it
 as a parameter group, so ``SVI(model, guide, JointOptim(torch.optim.Adam, {"lr": 1e-3}), JitTrace_ELBO())``
-steps them in one call. The update of each parameter is the same as ``PyroOptim``'s (Adam's state is per
+steps them in one call, and releases their gradients after it (``set_to_none``: ``SVI`` would otherwise
+allocate a fresh zero gradient for each). On the CPU and CUDA, ``{"lr": 1e-3, "fused": True}`` makes Adam's
+update one fused kernel over all the tensors (0.48 ms against 0.10 ms per step at D = 128 in
+``benchmarks/svi_step.py``). The update of each parameter is the same as ``PyroOptim``'s (Adam's state is per
 tensor); per-parameter arguments and gradient clipping stay ``PyroOptim``'s.
 """
 
@@ -38,13 +41,16 @@ class JointOptim(PyroOptim):
         self._known: set[Tensor] = set()
 
     def __call__(self, params: Iterable[Tensor], *args, **kwargs) -> None:
-        """One ``step()`` of the optimizer for ``params``; a parameter seen for the first time joins it."""
+        """One ``step()`` of the optimizer for ``params``, then their gradients set to ``None``; a parameter seen
+        for the first time joins it."""
         params = list(params)
         new = [p for p in params if p not in self._known]
         if new:
             self._add(new)
+        optimizer: torch.optim.Optimizer = self.optimizer  # type: ignore[assignment]
         if len(params) == len(self._known):
-            self.optimizer.step(*args, **kwargs)  # type: ignore[union-attr]
+            optimizer.step(*args, **kwargs)
+            optimizer.zero_grad(set_to_none=True)
             return
         # Some known parameters are not in this step (a model with dynamic structure): PyroOptim leaves them
         # alone, so their gradients are hidden from the step.
@@ -54,7 +60,8 @@ class JointOptim(PyroOptim):
         for p in absent:
             p.grad = None
         try:
-            self.optimizer.step(*args, **kwargs)  # type: ignore[union-attr]
+            optimizer.step(*args, **kwargs)
+            optimizer.zero_grad(set_to_none=True)
         finally:
             for p, grad in zip(absent, grads):
                 p.grad = grad
