@@ -111,10 +111,15 @@ def _rows(t: Tensor, shape: torch.Size) -> tuple[Tensor, Tensor]:
 
 
 def _two_pass_fwht(x: Tensor, normalized: bool, fused_size: int) -> Tensor:
-    """``H_{AB} = H_A \\otimes H_B``: the transform along ``B``-long chunks, then along the ``A`` axis."""
+    """``H_{AB} = H_A \\otimes H_B``: the transform along ``B``-long chunks, then along the ``A`` axis.
+
+    ``A`` and ``B`` are as even as powers of two allow (``B = 2^ceil(k/2)`` for ``D = 2^k``, at most the fused
+    size): with ``B`` the fused size, ``A`` would be 2 or 4, and the second pass would run thousands of
+    programs of 16 rows of 2 or 4 (a few dozen elements each) where ``A = B = 128`` runs a few of 2048."""
     size = x.shape[-1]
-    outer = size // fused_size
-    y = fwht(x.reshape(*x.shape[:-1], outer, fused_size), normalized)
+    inner = min(1 << -(-(size.bit_length() - 1) // 2), fused_size)
+    outer = size // inner
+    y = fwht(x.reshape(*x.shape[:-1], outer, inner), normalized)
     y = fwht(y.transpose(-1, -2), normalized).transpose(-1, -2)
     return y.reshape(x.shape)
 
