@@ -35,6 +35,7 @@ __all__ = [
     "dense_weights",
     "format_bytes",
     "mlp_bytes",
+    "mlp_weights",
     "prediction_chunk",
 ]
 
@@ -52,6 +53,7 @@ PREDICTION_COPIES = 5  # the stacked predictions and the metrics' temporaries of
 LOSS_BYTES = 48  # one step's loss: a Python float in a list, and its copy in a checkpoint
 MAX_CHUNK_SAMPLES = 1000  # more samples than this are drawn in chunks, with a progress bar
 CHUNK_BYTES = 2 * 2**30  # the most one chunk of samples may hold
+PROCESS_BYTES = 300 * 10**6  # a started process with PyTorch and Pyro imported (--nproc)
 
 
 def _meminfo_available() -> int | None:
@@ -157,29 +159,38 @@ def dense_weights(widths: list[int]) -> int:
     return sum((fan_in + 1) * fan_out for fan_in, fan_out in itertools.pairwise(widths))
 
 
+def mlp_weights(features: int, hidden: int, layers: int, outputs: int) -> int:
+    """:func:`dense_weights` of ``[features, hidden x layers, outputs]``, in closed form (``layers`` may be huge)."""
+    if layers == 0:
+        return (features + 1) * outputs
+    return (features + 1) * hidden + (layers - 1) * (hidden + 1) * hidden + (hidden + 1) * outputs
+
+
 def mlp_bytes(
     methods: tuple[str, ...],
-    widths: list[int],
+    weights: int,
+    units: int,
     *,
     batch: int,
     samples: int,
     test_rows: int,
+    outputs: int,
     steps: int,
     itemsize: int,
-    extra_weights: int = 0,
+    processes: int = 1,
 ) -> float:
-    """Bytes to train a Bayesian MLP of ``widths`` with the costliest of ``methods`` and predict ``samples``
-    posterior samples on ``test_rows`` rows (the last width is the outputs per row).
+    """Bytes to train a Bayesian MLP of ``weights`` parameters (:func:`mlp_weights`, plus any flows' or
+    Householder vectors') and ``units`` inputs, hidden units and outputs with the costliest of ``methods``, and
+    to predict ``samples`` posterior samples of its ``outputs`` on ``test_rows`` rows.
 
     :param batch: the examples of a minibatch (the whole training set for full batches).
-    :param extra_weights: parameters beyond the dense weights (planar flows, Householder vectors).
+    :param processes: processes that train a copy each (data-parallel ranks); one of them predicts.
     """
-    weights = dense_weights(widths) + extra_weights
     per_weight = max(TRAINING_VALUES.get(method.split("+")[0], DEFAULT_TRAINING_VALUES) for method in methods)
-    training = per_weight * weights + ACTIVATION_VALUES * batch * sum(widths)
+    training = per_weight * weights + ACTIVATION_VALUES * batch * units
     chunk = prediction_chunk(samples, weights, itemsize)
-    predicting = chunk * SAMPLE_VALUES * weights + PREDICTION_COPIES * samples * test_rows * widths[-1]
-    return itemsize * (training + predicting) + LOSS_BYTES * steps
+    predicting = chunk * SAMPLE_VALUES * weights + PREDICTION_COPIES * samples * test_rows * outputs
+    return processes * (itemsize * training + LOSS_BYTES * steps) + itemsize * predicting
 
 
 def prediction_chunk(samples: int, weights: int, itemsize: int) -> int:
@@ -205,6 +216,7 @@ def check_uci_memory(config: UCIConfig, sizes: SplitSizes, available: int | None
         "--samples": config.samples,
         "--batch-size": min(config.schedule.batch_size or sizes.train, sizes.train),
         "--steps": config.schedule.steps,
+        "--nproc": config.nproc,
     }
     bases = {method.split("+")[0] for method in config.methods}
     if "nf-whvi" in bases:
@@ -214,17 +226,20 @@ def check_uci_memory(config: UCIConfig, sizes: SplitSizes, available: int | None
     rows = max(sizes.test, math.ceil(config.val_fraction * sizes.train) if len(config.kl_weights) > 1 else 0)
 
     def estimate(values: Mapping[str, int]) -> float:
-        hidden, layers = values["--hidden"], values["--layers"]
+        hidden, layers, processes = values["--hidden"], values["--layers"], values["--nproc"]
         per_layer = values.get("--flows", 0) * 4 * hidden + values.get("--reflections", 0) * 2 * hidden
-        return mlp_bytes(
+        started = processes * PROCESS_BYTES if processes > 1 else 0  # the ranks launched here
+        return started + mlp_bytes(
             config.methods,
-            [sizes.features, *[hidden] * layers, sizes.outputs],
+            mlp_weights(sizes.features, hidden, layers, sizes.outputs) + per_layer * (layers + 1),
+            sizes.features + hidden * layers + sizes.outputs,
             batch=values["--batch-size"],
             samples=values["--samples"],
             test_rows=rows,
+            outputs=sizes.outputs,
             steps=values["--steps"],
             itemsize=torch.empty((), dtype=torch.get_default_dtype()).element_size(),
-            extra_weights=per_layer * (layers + 1),
+            processes=processes,
         )
 
     check_memory(estimate, flags, "training and predicting", available)
@@ -240,16 +255,16 @@ def check_demo_memory(samples: int, toy_steps: int, digits_steps: int, workers: 
 
     def estimate(values: Mapping[str, int]) -> float:
         toy = mlp_bytes(
-            ("nf-whvi",), [1, 128, 128, 1], batch=128, samples=values["--samples"], test_rows=329,
-            steps=values["--toy-steps"], itemsize=itemsize, extra_weights=3 * 4 * 128 * 3,
+            ("nf-whvi",), mlp_weights(1, 128, 2, 1) + 3 * 4 * 128 * 3, 258, batch=128, samples=values["--samples"],
+            test_rows=329, outputs=1, steps=values["--toy-steps"], itemsize=itemsize,
         )  # fmt: skip
         digits = mlp_bytes(
-            ("nf-whvi",), [64, 128, 10], batch=128, samples=values["--samples"], test_rows=1797,
-            steps=values["--digits-steps"], itemsize=itemsize, extra_weights=3 * 4 * 128 * 2,
+            ("nf-whvi",), mlp_weights(64, 128, 1, 10) + 3 * 4 * 128 * 2, 202, batch=128, samples=values["--samples"],
+            test_rows=1797, outputs=10, steps=values["--digits-steps"], itemsize=itemsize,
         )  # fmt: skip
         return values["--jobs"] * max(toy, digits)
 
-    check_memory(estimate, flags, "the demo's runs", None)
+    check_memory(estimate, flags, "running the demo", None)
 
 
 def check_gp_memory(num_points: int, dims: list[int], blocks: list[int], covariances: list[str], batch: int) -> None:

@@ -250,3 +250,67 @@ def test_fuzzed_commands_parse_or_fail_in_one_line(argv):
             _parser().parse_args(argv)
         except SystemExit as exit:
             assert exit.code in (0, 2) and (exit.code == 0 or len(stderr.getvalue().splitlines()) == 1), stderr
+
+
+EXTREMES = ["0", "-1", "-0", "0.0", "1e300", "-1e300", "1e-300", "nan", "inf", "-inf", "1e21", "1e400"]
+EXTREMES += ["99999999999999999999999999", "4294967296", "-4294967297", "2.5", "1e3", ""]
+FEW = settings(FUZZ, max_examples=40)  # each example runs a command's checks (stubbed where it would train)
+
+
+def _fuzz_command(
+    command: str, options: list[str], extra: list[str], stubs: dict, tmp_path, monkeypatch, first: tuple = ()
+) -> None:
+    """Fuzz ``whvi command`` with ``options`` given extreme numbers (the work itself stubbed by ``stubs``): every
+    outcome is success or one line with exit status 2."""
+    write_uci(tmp_path / "good", rows=20, splits=2)
+    monkeypatch.chdir(tmp_path)
+    threads = torch.get_num_threads()
+    value = st.one_of(st.sampled_from(EXTREMES + extra), st.integers(-(2**70), 2**70).map(str))
+    pairs = st.lists(st.tuples(st.sampled_from(options), value).map(list), max_size=4)
+
+    @FEW
+    @given(argv=pairs.map(lambda parts: [a for pair in parts for a in pair]))
+    def check(argv):
+        stderr = io.StringIO()
+        with (
+            time_limit(10),
+            contextlib.ExitStack() as stack,
+            contextlib.redirect_stderr(stderr),
+            contextlib.redirect_stdout(io.StringIO()),
+        ):
+            for target, replacement in stubs.items():
+                stack.enter_context(mock.patch(target, replacement))
+            try:
+                code = main([command, *first, *argv])
+            except SystemExit as exit:
+                code = exit.code if isinstance(exit.code, int) else 1
+        torch.set_num_threads(threads)
+        lines = [line for line in stderr.getvalue().splitlines() if line.strip()]
+        assert code in (0, 2) and "Traceback" not in stderr.getvalue(), (argv, code, stderr.getvalue())
+        assert code == 0 or len(lines) == 1, (argv, lines)
+
+    check()
+
+
+def test_fuzzed_synthetic_arguments_get_a_result_or_one_line(tmp_path, monkeypatch):
+    options = ["--rows", "--noise", "--splits", "--seed", "--functions", "--out"]
+    extra = ["10", "5", "robot", "borehole,robot,robot", "bogus", "out", "good/data.txt"]
+    stubs = {"pyro_whvi.experiments.noisy_sets.write_noisy_set": lambda *args, **kwargs: 1.0}
+    _fuzz_command("synthetic", options, extra, stubs, tmp_path, monkeypatch)
+
+
+def test_fuzzed_uci_numbers_get_a_result_or_one_line(tmp_path, monkeypatch):
+    options = ["--steps", "--fixed-noise-steps", "--batch-size", "--lr", "--hidden", "--layers", "--samples"]
+    options += ["--noise-scale", "--kl-weight", "--val-fraction", "--cooldown", "--dropout", "--flows"]
+    options += ["--reflections", "--seed", "--timeout", "--checkpoint-every", "--nproc"]
+    stubs = {"pyro_whvi.experiments.uci.run_uci": lambda *args, **kwargs: ([], "")}
+    _fuzz_command("uci", ["--data-dir", *options], ["good", "1,0.1", "0.5"], stubs, tmp_path, monkeypatch)
+
+
+def test_fuzzed_demo_and_gp_numbers_get_a_result_or_one_line(tmp_path, monkeypatch):
+    demo = ["--toy-steps", "--digits-steps", "--samples", "--seed", "--jobs"]
+    _fuzz_command("demo", demo, [], {"pyro_whvi.experiments.cli.run_demo": lambda *a: {}}, tmp_path, monkeypatch)
+    gp = ["--num-points", "--steps", "--fixed-noise-steps", "--lr-scale", "--batch-size", "--seed", "--blocks"]
+    stubs = {"pyro_whvi.experiments.gp.run": lambda args: [], "pyro_whvi.experiments.gp.save": lambda *a: ""}
+    methods = ("--methods", "rf,rf-whvi,svgp-gpytorch")  # not svgp-gpflow: importing TensorFlow takes long
+    _fuzz_command("gp", gp, ["8", "4,8,8", "16"], stubs, tmp_path, monkeypatch, methods)
