@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from . import distributed
 from .files import notice, write_atomic
 
 __all__ = ["Checkpoint", "read_checkpoint", "restore_rng_state", "resumed_seconds", "save_checkpoint"]
@@ -89,16 +90,18 @@ def read_checkpoint(checkpoint: Checkpoint, world: int, noise: str) -> dict | No
             raise TypeError(f"it holds a {type(state).__name__}, not a checkpoint")
     except Exception as error:  # truncated by hand, another format: start again rather than fail
         reason = str(error) if isinstance(error, TypeError) else _unreadable(path, error)
-        notice(f"{path} is unreadable ({reason}); training from the start")
+        if distributed.rank() == 0:  # every rank reads it; one says so
+            notice(f"{path} is unreadable ({reason}); training from the start")
         return None
     saved = (state.get("key"), state.get("world_size"), state.get("noise"))
     if state.get("format") != FORMAT:
         saved = ("an older checkpoint format", *saved[1:])
     if saved != (checkpoint.key, world, noise):
-        notice(
-            f"{path} belongs to another run (key, processes, noise {saved} instead of "
-            f"{(checkpoint.key, world, noise)}); training from the start"
-        )
+        if distributed.rank() == 0:
+            notice(
+                f"{path} belongs to another run (key, processes, noise {saved} instead of "
+                f"{(checkpoint.key, world, noise)}); training from the start"
+            )
         return None
     _clock[path] = (time.perf_counter(), float(state.get("seconds", 0.0)))
     return state
