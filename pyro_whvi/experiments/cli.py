@@ -123,7 +123,7 @@ def _gp(args: argparse.Namespace) -> int:
 
     from ..data.synthetic import SYNTHETIC_FUNCTIONS
     from .gp import finish_arguments, run, save
-    from .memory_budget import check_gp_memory
+    from .memory_checks import check_gp_memory
 
     args = finish_arguments(args.subparser, args)
     try:
@@ -196,7 +196,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from .memory_budget import check_demo_memory
+    from .memory_checks import check_demo_memory
 
     if args.out.exists() and not args.out.is_dir():
         print(f"whvi demo: --out {args.out} exists and is not a folder", file=sys.stderr)

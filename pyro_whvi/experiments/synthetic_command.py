@@ -68,7 +68,7 @@ def add_synthetic_command(commands) -> None:
 
 def run_synthetic_command(args: argparse.Namespace) -> int:
     from ..data.synthetic import SYNTHETIC_FUNCTIONS
-    from .memory_budget import check_synthetic_memory
+    from .memory_checks import check_synthetic_memory
     from .noisy_sets import write_noisy_set
     from .reporting import check_writable
 

@@ -24,6 +24,7 @@ References:
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import asdict, replace
 from datetime import timedelta
@@ -37,8 +38,9 @@ from ..metrics import reliability_diagram
 from ..train import distributed
 from ..train.engine import Checkpoint
 from ..train.files import notice
+from ..train.folder_lock import folder_lock
 from .arguments import check_device
-from .memory_budget import check_uci_memory
+from .memory_checks import check_uci_memory
 from .methods import MethodSpec, parse_method
 from .noisy_sets import NOISE_FILE, noise_floor, read_noise_std
 from .reporting import check_writable, save_tables, write_atomic
@@ -154,25 +156,29 @@ def run_uci(
     :param threads: torch threads of each process started here (default: the cores shared out).
     :param check: validate ``config.device``, ``source`` and ``out`` first (:func:`check_source`,
         :func:`check_validation`, :func:`check_writable`) and check that the run fits in memory
-        (:func:`~pyro_whvi.experiments.memory_budget.check_uci_memory`);
+        (:func:`~pyro_whvi.experiments.memory_checks.check_uci_memory`);
         ``False`` when the caller just did (``whvi uci`` reports their errors as usage errors).
     :returns: the summary rows and the markdown table (on rank 0; ``([], "")`` on the others).
     :raises OSError: before any training, if ``out`` is not a folder that can be written to.
+    :raises ~pyro_whvi.train.folder_lock.FolderLocked: another live run is using ``out``.
     """
     if check:
         check_device(config.device, "device")
         check_uci_memory(config, check_source(source, config.splits))
         check_validation(source, config)
         check_writable(out)
-    if config.nproc > 1 and distributed.world_size() == 1:
-        return distributed.launch(
-            _run_jobs, config.nproc, source, config, out, port=port, timeout=timeout, threads=threads
-        )
-    if distributed.world_size() != config.nproc:
+    if distributed.world_size() not in (1, config.nproc):
         raise ValueError(
             f"run_uci: this process group has {distributed.world_size()} processes but config.nproc is {config.nproc}"
         )
-    return _run_jobs(source, config, out)
+    # One run per folder: rank 0 (the launcher, or torchrun's first process) holds out's lock, and the processes
+    # launch starts hold it with it, so a second run on the same folder refuses instead of racing on its files.
+    with folder_lock(out) if distributed.rank() == 0 else contextlib.nullcontext():
+        if config.nproc > 1 and distributed.world_size() == 1:
+            return distributed.launch(
+                _run_jobs, config.nproc, source, config, out, port=port, timeout=timeout, threads=threads
+            )
+        return _run_jobs(source, config, out)
 
 
 def _run_jobs(source: str | Path, config: UCIConfig, out: Path) -> tuple[list[dict[str, Any]], str]:

@@ -199,7 +199,8 @@ def run_uci_command(args: argparse.Namespace) -> int:
 
     from ..train import distributed
     from ..train.engine import TrainingDiverged
-    from .memory_budget import check_uci_memory
+    from ..train.folder_lock import FolderLocked
+    from .memory_checks import check_uci_memory
     from .reporting import check_writable
     from .uci import check_source, check_validation, dataset_name, run_uci
 
@@ -234,6 +235,9 @@ def run_uci_command(args: argparse.Namespace) -> int:
             _, text = run_uci(
                 source, config, args.out, port=args.master_port, timeout=timeout, threads=args.threads, check=False
             )
+        except FolderLocked as error:  # another run is using --out: one line, nothing was touched
+            print(f"whvi uci: error: {error}", file=sys.stderr)
+            return 1
         except RuntimeError as error:  # a process failed or died: one line, the others are stopped
             if config.nproc == 1 or isinstance(error, TrainingDiverged):  # main reports it
                 raise

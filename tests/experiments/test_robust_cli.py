@@ -256,3 +256,17 @@ def test_synthetic_rerun_with_fewer_splits_removes_their_index_files(tmp_path):
     index = sorted(path.name for path in folder.glob("index_*"))
     assert index == ["index_features.txt", "index_target.txt", "index_test_0.txt", "index_train_0.txt",
                      "index_train_notes.txt"]  # fmt: skip
+
+
+def test_a_second_run_on_a_folder_in_use_refuses_in_one_line(tmp_path, toy, capsys):
+    """``whvi uci`` holds its ``--out`` lock while it runs (the launcher and its ranks with it): a second run on the
+    same folder refuses before training instead of racing on its files; once the first ends, a rerun works."""
+    from pyro_whvi.train.folder_lock import folder_lock
+
+    out = tmp_path / "out"
+    argv = ["uci", "--data-dir", str(toy), *TINY, "--out", str(out)]
+    with folder_lock(out):  # a live run holds the folder
+        code, stderr = _exit(capsys, argv)
+        assert code == 1 and "is in use by another run" in _one_line(stderr)
+        assert not (out / "runs").exists()
+    assert main(argv) == 0 and (out / "uci_toy.json").is_file()
