@@ -5,8 +5,9 @@ They are ordinary Pyro: ``PyroModule`` layers with ``PyroSample`` priors, usable
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import pyro
 import pyro.distributions as dist
@@ -18,6 +19,25 @@ from torch import Tensor, nn
 __all__ = ["BayesianCNN", "BayesianMLP"]
 
 LIKELIHOODS = ("gaussian", "categorical")
+
+
+# PyTorch's messages for operands of two dtypes (matmul, linear, convolution, elementwise ops).
+_DTYPE_MISMATCH = ("same dtype", "should be the same", "expected scalar type", "found dtype")
+
+
+@contextlib.contextmanager
+def _naming_dtype_mismatch(network: str, x: Tensor) -> Iterator[None]:
+    """Turn PyTorch's error for an input of another dtype than the weights into one naming both and the fix."""
+    try:
+        yield
+    except RuntimeError as error:
+        if not x.is_floating_point() or not any(text in str(error) for text in _DTYPE_MISMATCH):
+            raise
+        raise TypeError(
+            f"{network}: x is {x.dtype}, but the weights (the priors and the guide) are another dtype "
+            f"({str(error).splitlines()[0]}); convert the data to the model's dtype (x.float() for a float32 model, "
+            f"x.double() for float64), or build the model and guide under torch.set_default_dtype({x.dtype})."
+        ) from None
 
 
 def _bayesian_layer(layer: nn.Linear | nn.Conv2d, fan_in: int, prior_scale: float) -> nn.Module:
@@ -113,12 +133,13 @@ class BayesianMLP(PyroModule):
         if x.dim() != 2 or x.shape[-1] != self.widths[0]:
             raise ValueError(f"BayesianMLP: x must have shape (N, {self.widths[0]}), got {tuple(x.shape)}.")
         h = x
-        for k, layer in enumerate(self.layers):
-            if k > 0 and self.dropout:
-                h = F.dropout(h, self.dropout, training=True)
-            h = layer(h)
-            if k < len(self.layers) - 1:
-                h = self.activation(h)
+        with _naming_dtype_mismatch("BayesianMLP", x):
+            for k, layer in enumerate(self.layers):
+                if k > 0 and self.dropout:
+                    h = F.dropout(h, self.dropout, training=True)
+                h = layer(h)
+                if k < len(self.layers) - 1:
+                    h = self.activation(h)
         return h.squeeze(-1) if self.widths[-1] == 1 and self.likelihood == "gaussian" else h
 
     def forward(self, x: Tensor, y: Tensor | None = None, num_data: int | None = None) -> Tensor:
@@ -172,7 +193,8 @@ class BayesianCNN(PyroModule):
             raise ValueError(
                 f"BayesianCNN: x must have shape (N, {', '.join(map(str, self.image_shape))}), got {tuple(x.shape)}."
             )
-        h = F.max_pool2d(torch.relu(self.conv1(x)), 2)
+        with _naming_dtype_mismatch("BayesianCNN", x):
+            h = F.max_pool2d(torch.relu(self.conv1(x)), 2)
         h = F.max_pool2d(torch.relu(self.conv2(h)), 2).flatten(1)
         if self.dropout:
             h = F.dropout(h, self.dropout, training=True)

@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import warnings
 
+import pyro
 import pytest
 import torch
+from pyro.infer import SVI, Trace_ELBO
+from pyro.infer.autoguide import AutoNormal
 from torch import nn
 
-from pyro_whvi.nn import bayesian_
+from pyro_whvi import AutoVSDGuide, AutoWHVIGuide
+from pyro_whvi.nn import BayesianCNN, BayesianMLP, bayesian_
 
 
 def _network() -> nn.Sequential:
@@ -56,3 +60,26 @@ def test_a_convolution_checks_the_dtype_too():
     network = bayesian_(nn.Sequential(nn.Conv2d(1, 2, 3))).float()  # the tests' default dtype is float64
     with pytest.raises(TypeError, match=r"WHVIConv2d '0': the input is torch.float64 but .* torch.float32"):
         network(torch.randn(1, 1, 5, 5, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("guide_class", [AutoWHVIGuide, AutoVSDGuide, AutoNormal])
+@pytest.mark.parametrize(
+    ("model_dtype", "data_dtype"), [(torch.float32, torch.float64), (torch.float64, torch.float32)]
+)
+def test_the_ready_made_networks_name_a_data_dtype_that_is_not_the_models(guide_class, model_dtype, data_dtype):
+    """A float32 model given float64 data (and the reverse) gets one message naming x's dtype and the fix, under
+    every guide (the weights the guide draws are in the model's dtype), not PyTorch's matmul error."""
+    previous = torch.get_default_dtype()
+    try:
+        torch.set_default_dtype(model_dtype)
+        pyro.clear_param_store()
+        model = BayesianMLP([4, 8, 1])
+        guide = guide_class(model)
+        x, y = torch.randn(16, 4, dtype=data_dtype), torch.randn(16, dtype=data_dtype)
+        with pytest.raises(TypeError, match=rf"BayesianMLP: x is {data_dtype}.*x\.(float|double)\(\)"):
+            SVI(model, guide, pyro.optim.Adam({"lr": 0.01}), Trace_ELBO()).step(x, y)
+        cnn = BayesianCNN(num_classes=3, image_shape=(1, 8, 8))
+        with pytest.raises(TypeError, match=rf"BayesianCNN: x is {data_dtype}"):
+            cnn(torch.randn(2, 1, 8, 8, dtype=data_dtype))
+    finally:
+        torch.set_default_dtype(previous)
