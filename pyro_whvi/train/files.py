@@ -16,7 +16,7 @@ def notice(message: str) -> None:
     """Tell the user something that decides what the results mean (a damaged file trained again, a checkpoint
     ignored): one line on stderr, ``warning: <message>``, on a line of its own above any progress bar.
 
-    Not a :func:`warnings.warn`: warning filters (``-W ignore``, ``PYTHONWARNINGS``) would hide it.
+    Not a ``warnings.warn``: warning filters (``-W ignore``, ``PYTHONWARNINGS``) would hide it.
     """
     from tqdm.auto import tqdm
 

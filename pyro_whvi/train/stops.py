@@ -29,7 +29,7 @@ __all__ = [
 
 
 class TrainingDiverged(RuntimeError):
-    """The loss or a parameter became NaN or infinite at :attr:`step`; :attr:`cause` says which and what to lower.
+    """The loss or a parameter became NaN or infinite at ``step``; ``cause`` says which and what to lower.
 
     Its message is one line: ``training diverged at step 37: the loss became nan; lower the learning rate ...``.
     """
@@ -44,7 +44,7 @@ class TrainingDiverged(RuntimeError):
 
 
 class TrainingInterrupted(KeyboardInterrupt):
-    """Ctrl-C stopped training after :attr:`step` steps (a checkpointed run resumes from its last checkpoint)."""
+    """Ctrl-C stopped training after ``step`` steps (a checkpointed run resumes from its last checkpoint)."""
 
     def __init__(self, step: int) -> None:
         super().__init__(f"training interrupted at step {step}")
