@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -66,6 +69,53 @@ def run_python(script: str, **env_overrides: str) -> subprocess.CompletedProcess
     """Run a script in a fresh interpreter with :func:`checkout_environment`."""
     env = checkout_environment(**env_overrides)
     return subprocess.run([sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True, env=env)
+
+
+def whvi_in_process(*argv: str) -> tuple[int, str, str]:
+    """``whvi ARGV`` in this process: its exit status (argparse exits through ``SystemExit``), stdout and stderr.
+    For argument checks and single-process runs, where a fresh interpreter (:func:`run_python`) would cost more
+    than the command."""
+    from pyro_whvi.experiments.cli import main
+
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        try:
+            status = main(list(argv))
+        except SystemExit as exit:
+            status = exit.code if isinstance(exit.code, int) else 1
+    return status, stdout.getvalue(), stderr.getvalue()
+
+
+def gpytorch_training_step(model, num_data: int) -> Callable[[torch.Tensor, torch.Tensor], None]:
+    """GPyTorch's plain training loop for ``model`` (the README's): a Gaussian likelihood, the variational ELBO
+    and one Adam over the model's and the likelihood's parameters; the returned ``step(x, y)`` takes one step."""
+    import gpytorch
+
+    likelihood = gpytorch.likelihoods.GaussianLikelihood()
+    mll = gpytorch.mlls.VariationalELBO(likelihood, model, num_data=num_data)
+    optimizer = torch.optim.Adam([*model.parameters(), *likelihood.parameters()], lr=0.01)
+
+    def step(x: torch.Tensor, y: torch.Tensor) -> None:
+        optimizer.zero_grad()
+        loss = -mll(model(x), y)
+        loss.backward()
+        optimizer.step()
+
+    return step
+
+
+#: The start of a script run under Triton's interpreter: the Triton backend, a seed, and ``launched``, the names
+#: of the kernels each launch starts, in order.
+TRITON_LAUNCH_RECORDER = r"""
+import torch
+from pyro_whvi.ops import reference, triton_backend as tb
+
+torch.manual_seed(0)
+assert tb.triton_available()
+launched = []
+launch = tb._launch
+tb._launch = lambda name, *args, **kwargs: (launched.append(name), launch(name, *args, **kwargs))
+"""
 
 
 def scipy_hadamard(size: int) -> torch.Tensor:

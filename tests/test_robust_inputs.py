@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import re
 
-import gpytorch
 import pyro
 import pytest
 import torch
@@ -19,6 +18,8 @@ from pyro_whvi import AutoVSDGuide, AutoWHVIGuide, iblm_, ops
 from pyro_whvi.gp import RandomFeatureGP, RandomFeatureKernel
 from pyro_whvi.infer._guide_utils import deep_getattr
 from pyro_whvi.nn import BayesianMLP
+
+from .helpers import gpytorch_training_step
 
 GUIDES = {"normal": AutoNormal, "whvi": AutoWHVIGuide, "vsd": AutoVSDGuide}
 
@@ -163,27 +164,18 @@ def test_random_feature_gp_training_loop_refuses_non_finite_inputs(projection, p
     x = torch.randn(32, 3)
     y = torch.sin(x[:, 0])
     model = RandomFeatureGP(RandomFeatureKernel(16, projection, ard_num_dims=3, seed=0), posterior=posterior)
-    likelihood = gpytorch.likelihoods.GaussianLikelihood()
-    mll = gpytorch.mlls.VariationalELBO(likelihood, model, num_data=32)
-    optimizer = torch.optim.Adam([*model.parameters(), *likelihood.parameters()], lr=0.01)
-
-    def step(inputs):
-        optimizer.zero_grad()
-        loss = -mll(model(inputs), y)
-        loss.backward()
-        optimizer.step()
-
-    step(x)
+    step = gpytorch_training_step(model, num_data=32)
+    step(x, y)
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
     bad = x.clone()
     bad[3, 1], bad[7, 0] = float("nan"), float("inf")
     with pytest.raises(ValueError, match=r"RandomFeatureKernel: x \(the inputs\) has 1 NaN and 1 infinite entries"):
-        step(bad)
+        step(bad, y)
     with pytest.raises(ValueError, match="1 NaN and 1 infinite"):
         model.covar_module.featurize(bad)
     for name, p in model.named_parameters():
         torch.testing.assert_close(p.detach(), before[name], rtol=0, atol=0)
-    step(x)  # and training goes on
+    step(x, y)  # and training goes on
 
 
 # -- item 6: consistency -------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from ..helpers import run_python
+from ..helpers import run_python, whvi_in_process
 
 
 def _whvi(*args: str):
@@ -14,20 +14,6 @@ def _whvi(*args: str):
     return run_python(
         f"import sys; from pyro_whvi.experiments.cli import main; sys.exit(main({list(args)!r}))", MPLBACKEND="Agg"
     )
-
-
-def _whvi_in_process(capsys, *args: str) -> tuple[int, str, str]:
-    """``whvi ARGS`` in this process: (exit status, stdout, stderr). For argument checks and single-process runs,
-    where a fresh interpreter would cost more than the command (argparse exits through SystemExit)."""
-    from pyro_whvi.experiments.cli import main
-
-    capsys.readouterr()
-    try:
-        status = main(list(args))
-    except SystemExit as exit:
-        status = exit.code if isinstance(exit.code, int) else 1
-    captured = capsys.readouterr()
-    return status, captured.out, captured.err
 
 
 DEMO_ARGUMENTS = ("--toy-steps", "15", "--digits-steps", "15", "--samples", "4")
@@ -65,13 +51,12 @@ def test_demo_writes_its_table_and_plots(demo_in_two_processes):
 
 
 @pytest.mark.slow
-def test_demo_numbers_do_not_depend_on_the_number_of_processes(demo_in_two_processes, tmp_path, capsys, monkeypatch):
+def test_demo_numbers_do_not_depend_on_the_number_of_processes(demo_in_two_processes, tmp_path, monkeypatch):
     """Every run is seeded on its own and trains in one thread: one process (here, two methods: each method's row
     depends on its own runs only) gives the rows of the two-process run above."""
     monkeypatch.setenv("MPLBACKEND", "Agg")
-    status, _, stderr = _whvi_in_process(
-        capsys, "demo", "--out", str(tmp_path), "--methods", "whvi,mcd", *DEMO_ARGUMENTS, "--jobs", "1"
-    )
+    argv = ("demo", "--out", str(tmp_path), "--methods", "whvi,mcd", *DEMO_ARGUMENTS, "--jobs", "1")
+    status, _, stderr = whvi_in_process(*argv)
     assert status == 0, stderr[-3000:]
     two_processes = _rows_without_seconds(demo_in_two_processes[0])
     assert _rows_without_seconds(tmp_path) == {method: two_processes[method] for method in ("whvi", "mcd")}
@@ -85,7 +70,7 @@ def test_python_dash_m_and_help():
     assert result.returncode == 0 and "--toy-steps" in result.stdout
 
 
-def test_bad_arguments_get_one_line_errors(tmp_path, capsys):
+def test_bad_arguments_get_one_line_errors(tmp_path):
     not_a_folder = tmp_path / "file"
     not_a_folder.write_text("")
     for args, message in (
@@ -95,7 +80,7 @@ def test_bad_arguments_get_one_line_errors(tmp_path, capsys):
         (("demo", "--out", str(not_a_folder)), "is not a folder"),
         (("gp", "--blocks", "6"), "--blocks must be powers of two"),
     ):
-        status, _, stderr = _whvi_in_process(capsys, *args)
+        status, _, stderr = whvi_in_process(*args)
         assert status == 2 and message in stderr and len(stderr.strip().splitlines()) <= 3, (args, stderr)
         assert "Traceback" not in stderr
 
@@ -108,10 +93,9 @@ def test_a_bad_argument_exits_2_with_one_line_from_a_fresh_interpreter():
 
 
 @pytest.mark.slow
-def test_gp_runs_the_gp_experiment(tmp_path, capsys, monkeypatch):
+def test_gp_runs_the_gp_experiment(tmp_path, monkeypatch):
     monkeypatch.setenv("MPLBACKEND", "Agg")
-    status, stdout, stderr = _whvi_in_process(
-        capsys,
+    status, stdout, stderr = whvi_in_process(
         "gp",
         "--functions",
         "otlcircuit",
@@ -137,7 +121,7 @@ def test_gp_runs_the_gp_experiment(tmp_path, capsys, monkeypatch):
 
 
 @pytest.mark.slow
-def test_bench_runs_each_script_with_its_quick_flags(tmp_path, capsys):
+def test_bench_runs_each_script_with_its_quick_flags(tmp_path):
     from pyro_whvi.experiments.bench import BENCHMARKS, QUICK_FLAGS
 
     for script in BENCHMARKS.values():  # stand-ins that record how they were called
@@ -145,14 +129,13 @@ def test_bench_runs_each_script_with_its_quick_flags(tmp_path, capsys):
             "import json, sys, pathlib\n"
             "pathlib.Path(sys.argv[0]).with_suffix('.called').write_text(json.dumps(sys.argv[1:]))\n"
         )
-    status, _, stderr = _whvi_in_process(
-        capsys, "bench", "all", "--quick", "--benchmarks", str(tmp_path), "--out", str(tmp_path / "out")
-    )
+    argv = ("bench", "all", "--quick", "--benchmarks", str(tmp_path), "--out", str(tmp_path / "out"))
+    status, _, stderr = whvi_in_process(*argv)
     assert status == 0, stderr[-3000:]
     for name, script in BENCHMARKS.items():
         called = json.loads((tmp_path / script).with_suffix(".called").read_text())
         assert called == [*QUICK_FLAGS[name], "--out", str(tmp_path / "out")]
-    status, _, stderr = _whvi_in_process(capsys, "bench", "fwht", "--benchmarks", str(tmp_path / "nowhere"))
+    status, _, stderr = whvi_in_process("bench", "fwht", "--benchmarks", str(tmp_path / "nowhere"))
     assert status == 2 and "no benchmark scripts in" in stderr and "Traceback" not in stderr
 
 

@@ -17,9 +17,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pyro_whvi.data import load_uci_split
-from pyro_whvi.experiments.cli import _parser, main
+from pyro_whvi.experiments.cli import _parser
 
-from ..helpers import write_uci
+from ..helpers import whvi_in_process, write_uci
 
 FUZZ = settings(
     max_examples=200,
@@ -207,17 +207,9 @@ VALUES = [
 
 def _run_main(argv: list[str]) -> tuple[int, str]:
     """``main(argv)`` in-process with training stubbed out: its exit status and its stderr."""
-    stderr = io.StringIO()
-    with (
-        contextlib.redirect_stderr(stderr),
-        contextlib.redirect_stdout(io.StringIO()),
-        mock.patch("pyro_whvi.experiments.uci.run_uci", return_value=([], "")),
-    ):
-        try:
-            code = main(argv)
-        except SystemExit as exit:
-            code = exit.code if isinstance(exit.code, int) else 1
-    return code, stderr.getvalue()
+    with mock.patch("pyro_whvi.experiments.uci.run_uci", return_value=([], "")):
+        code, _, stderr = whvi_in_process(*argv)
+    return code, stderr
 
 
 def test_fuzzed_uci_arguments_get_a_result_or_one_line(tmp_path, monkeypatch):
@@ -271,22 +263,13 @@ def _fuzz_command(
     @FEW
     @given(argv=pairs.map(lambda parts: [a for pair in parts for a in pair]))
     def check(argv):
-        stderr = io.StringIO()
-        with (
-            time_limit(10),
-            contextlib.ExitStack() as stack,
-            contextlib.redirect_stderr(stderr),
-            contextlib.redirect_stdout(io.StringIO()),
-        ):
+        with time_limit(10), contextlib.ExitStack() as stack:
             for target, replacement in stubs.items():
                 stack.enter_context(mock.patch(target, replacement))
-            try:
-                code = main([command, *first, *argv])
-            except SystemExit as exit:
-                code = exit.code if isinstance(exit.code, int) else 1
+            code, _, stderr = whvi_in_process(command, *first, *argv)
         torch.set_num_threads(threads)
-        lines = [line for line in stderr.getvalue().splitlines() if line.strip()]
-        assert code in (0, 2) and "Traceback" not in stderr.getvalue(), (argv, code, stderr.getvalue())
+        lines = [line for line in stderr.splitlines() if line.strip()]
+        assert code in (0, 2) and "Traceback" not in stderr, (argv, code, stderr)
         assert code == 0 or len(lines) == 1, (argv, lines)
 
     check()

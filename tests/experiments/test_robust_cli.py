@@ -25,18 +25,15 @@ from pyro_whvi.train.checkpoints import Checkpoint, read_checkpoint, resumed_sec
 from pyro_whvi.train.files import notice
 from pyro_whvi.train.stops import TrainingDiverged, TrainingInterrupted
 
-from ..helpers import write_uci
+from ..helpers import whvi_in_process, write_uci
 
 TINY = ["--methods", "mfg", "--splits", "0", "--steps", "2", "--hidden", "4", "--batch-size", "8", "--samples", "2"]
 
 
-def _exit(capsys, argv: list[str]) -> tuple[int, str]:
-    """``main(argv)`` in-process: its exit status and its stderr."""
-    try:
-        code = main(argv)
-    except SystemExit as exit:
-        code = exit.code if isinstance(exit.code, int) else 1
-    return code, capsys.readouterr().err
+def _exit(argv: list[str]) -> tuple[int, str]:
+    """``whvi ARGV`` in-process: its exit status and its stderr."""
+    code, _, stderr = whvi_in_process(*argv)
+    return code, stderr
 
 
 def _one_line(stderr: str) -> str:
@@ -67,7 +64,7 @@ def test_sizes_that_do_not_fit_are_refused_before_allocating(tmp_path, toy, caps
     write_uci(tmp_path / "big", rows=2000, splits=1)  # 200 test rows
     folders = {"TOY": str(toy), "BIG": str(tmp_path / "big")}
     argv = ["uci", *[folders.get(a, a) for a in args], "--splits", "0", "--out", str(tmp_path / "out")]
-    code, stderr = _exit(capsys, argv)
+    code, stderr = _exit(argv)
     line = _one_line(stderr)
     assert code == 2 and f"{flag} " in line and "of memory, 2 GB available" in line, line
     largest = int(re.search(rf"choose {flag} (\d+) or less", line)[1])
@@ -133,7 +130,7 @@ def test_many_samples_are_predicted_in_chunks_with_progress(monkeypatch, capsys)
 )
 def test_absurd_counts_get_a_maximum_and_why(tmp_path, capsys, monkeypatch, argv, message):
     monkeypatch.setattr(memory_budget, "available_memory", lambda: 10**10)
-    code, stderr = _exit(capsys, [*argv, "--out", str(tmp_path / "out")])
+    code, stderr = _exit([*argv, "--out", str(tmp_path / "out")])
     assert code == 2 and message in _one_line(stderr), stderr
 
 
@@ -165,7 +162,7 @@ def _raise(error: BaseException):
 )  # fmt: skip
 def test_ctrl_c_and_divergence_end_in_one_line(tmp_path, toy, capsys, monkeypatch, error, code, line):
     monkeypatch.setattr(uci, "run_uci", _raise(error))
-    assert _exit(capsys, ["uci", "--data-dir", str(toy), *TINY, "--out", str(tmp_path)]) == (code, line + "\n")
+    assert _exit(["uci", "--data-dir", str(toy), *TINY, "--out", str(tmp_path)]) == (code, line + "\n")
 
 
 def test_ctrl_c_in_training_names_the_step_and_a_rerun_counts_the_whole_split(tmp_path, toy, capsys, monkeypatch):
@@ -177,7 +174,7 @@ def test_ctrl_c_in_training_names_the_step_and_a_rerun_counts_the_whole_split(tm
 
     argv = ["uci", "--data-dir", str(toy), *TINY, "--steps", "6", "--checkpoint-every", "2", "--out", str(tmp_path)]
     monkeypatch.setattr(engine, "save_checkpoint", then_ctrl_c)
-    code, stderr = _exit(capsys, argv)  # below the progress bars, one line
+    code, stderr = _exit(argv)  # below the progress bars, one line
     assert code == 130 and "Traceback" not in stderr
     assert stderr.endswith("\nwhvi uci: interrupted at step 2; rerun the same command to resume\n"), stderr
     path = tmp_path / "runs" / "toy" / "mfg" / "split0.ckpt"
@@ -244,7 +241,7 @@ def test_a_split_retrained_for_other_settings_is_said(tmp_path, toy, capsys):
     ],
 )
 def test_synthetic_limits_get_one_line_with_the_reason(tmp_path, capsys, args, message):
-    code, stderr = _exit(capsys, ["synthetic", "--out", str(tmp_path), "--functions", "hartmann6", *args])
+    code, stderr = _exit(["synthetic", "--out", str(tmp_path), "--functions", "hartmann6", *args])
     assert code == 2 and message in _one_line(stderr) and not any(tmp_path.iterdir())
 
 
@@ -266,7 +263,7 @@ def test_a_second_run_on_a_folder_in_use_refuses_in_one_line(tmp_path, toy, caps
     out = tmp_path / "out"
     argv = ["uci", "--data-dir", str(toy), *TINY, "--out", str(out)]
     with folder_lock(out):  # a live run holds the folder
-        code, stderr = _exit(capsys, argv)
+        code, stderr = _exit(argv)
         assert code == 1 and "is in use by another run" in _one_line(stderr)
         assert not (out / "runs").exists()
     assert main(argv) == 0 and (out / "uci_toy.json").is_file()

@@ -9,6 +9,8 @@ import torch
 
 from pyro_whvi.gp import RandomFeatureGP, RandomFeatureKernel
 
+from ..helpers import gpytorch_training_step
+
 
 @pytest.mark.parametrize(("projection", "posterior"), [("dense", "gaussian"), ("sorf", "whvi"), ("fastfood", "whvi")])
 def test_a_non_finite_target_is_named_and_leaves_the_parameters_as_they_were(projection, posterior):
@@ -18,17 +20,8 @@ def test_a_non_finite_target_is_named_and_leaves_the_parameters_as_they_were(pro
     y = torch.sin(x[:, 0])
     torch.manual_seed(0)
     model = RandomFeatureGP(RandomFeatureKernel(16, projection, ard_num_dims=3, seed=0), posterior=posterior)
-    likelihood = gpytorch.likelihoods.GaussianLikelihood()
-    mll = gpytorch.mlls.VariationalELBO(likelihood, model, num_data=32)
-    optimizer = torch.optim.Adam([*model.parameters(), *likelihood.parameters()], lr=0.01)
-
-    def step(targets: torch.Tensor) -> None:
-        optimizer.zero_grad()
-        loss = -mll(model(x), targets)
-        loss.backward()
-        optimizer.step()
-
-    step(y)
+    step = gpytorch_training_step(model, num_data=32)
+    step(x, y)
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
     bad = y.clone()
     bad[3], bad[7] = float("nan"), float("-inf")
@@ -37,10 +30,10 @@ def test_a_non_finite_target_is_named_and_leaves_the_parameters_as_they_were(pro
         r"entries \(of 32\); remove or impute them first\.$"
     )
     with pytest.raises(ValueError, match=message):
-        step(bad)
+        step(x, bad)
     for name, parameter in model.named_parameters():
         torch.testing.assert_close(parameter.detach(), before[name], rtol=0, atol=0, msg=name)
-    step(y)  # and training goes on
+    step(x, y)  # and training goes on
     assert all(torch.isfinite(p).all() for p in model.parameters())
 
 

@@ -15,7 +15,7 @@ from pyro_whvi import ops
 from pyro_whvi.distributions import WHVINormal
 from pyro_whvi.gp import features
 
-from ..helpers import require_compiled_kernels, run_python
+from ..helpers import TRITON_LAUNCH_RECORDER, require_compiled_kernels, run_python
 from .test_fwht import scipy_hadamard_rows
 
 # The compiled kernel's code paths: scalar rows (< one vector), rows in one L1 chunk, and rows longer
@@ -200,15 +200,10 @@ def test_python_autograd_kernels_of_the_operators(backend):
     assert out._version > 0
 
 
-TRITON_CHECKS = r"""
-import numpy as np, scipy.linalg, torch
-from pyro_whvi.ops import reference, triton_backend as tb
-
-torch.manual_seed(0)
-assert tb.triton_available()
-launched = []
-launch = tb._launch
-tb._launch = lambda name, *args, **kwargs: (launched.append(name), launch(name, *args, **kwargs))
+TRITON_CHECKS = (
+    TRITON_LAUNCH_RECORDER
+    + r"""
+import scipy.linalg
 for size in (1, 2, 64, 1024):
     for dtype in (torch.float64, torch.float32):
         x = torch.randn(3, size, dtype=dtype)
@@ -233,6 +228,7 @@ tb.fwht_out(x, False, out=x)
 assert torch.allclose(x, expected)
 print("ok")
 """
+)
 
 
 @pytest.mark.slow  # a fresh interpreter that imports Triton: about 6 s on two busy cores

@@ -11,19 +11,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ..helpers import run_python
+from ..helpers import TRITON_LAUNCH_RECORDER, run_python
 
 pytest.importorskip("triton")
 
-INTERPRETER_CHECKS = r"""
-import torch
-from pyro_whvi.ops import reference, triton_backend as tb
-
-torch.manual_seed(0)
-assert tb.triton_available()
-launched = []
-launch = tb._launch
-tb._launch = lambda name, *args, **kwargs: (launched.append(name), launch(name, *args, **kwargs))
+INTERPRETER_CHECKS = (
+    TRITON_LAUNCH_RECORDER
+    + r"""
 # Tolerances: the kernels compute in float32 (float64 for float64); half types are compared after
 # rounding the float64 reference to their own type, so one unit in the last place can differ.
 TOL = {torch.float64: 1e-12, torch.float32: 2e-6, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
@@ -128,6 +122,7 @@ tables = ((torch.randint(0, 2, (2, 16)) * 2 - 1).double(), torch.argsort(torch.r
 assert torch.autograd.gradcheck(Fastfood.apply, (torch.randn(3, 16, dtype=torch.float64, requires_grad=True), *tables))
 print("ok")
 """
+)
 
 
 @pytest.mark.slow
