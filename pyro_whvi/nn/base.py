@@ -49,8 +49,8 @@ def softplus_inverse(value: Tensor) -> Tensor:
 #: the family's (:func:`pyro_whvi.distributions.qg_family.diagonal_normal_kl`), under the layers' name.
 normal_kl = diagonal_normal_kl
 
-# The method that converts a module or tensor to a dtype, as the dtype-mismatch message names it.
-_CONVERSIONS = {torch.float64: "double", torch.float32: "float", torch.float16: "half", torch.bfloat16: "bfloat16"}
+#: The method that converts a module or tensor to a dtype, as the dtype-mismatch messages name it.
+CONVERSIONS = {torch.float64: "double", torch.float32: "float", torch.float16: "half", torch.bfloat16: "bfloat16"}
 
 
 class ExecutionScope:
@@ -178,7 +178,7 @@ class VariationalLayer(nn.Module):
         dtype = next(self.parameters()).dtype
         if input.is_floating_point() and input.dtype != dtype:
             name = f"{type(self).__name__} {self.execution_key!r}" if self.execution_key else type(self).__name__
-            to_input, to_layer = _CONVERSIONS.get(input.dtype, "to"), _CONVERSIONS.get(dtype, "to")
+            to_input, to_layer = CONVERSIONS.get(input.dtype, "to"), CONVERSIONS.get(dtype, "to")
             raise TypeError(
                 f"{name}: the input is {input.dtype} but the layer's parameters are {dtype}; convert the model with "
                 f"model.{to_input}() or the data with x.{to_layer}()."

@@ -5,9 +5,8 @@ They are ordinary Pyro: ``PyroModule`` layers with ``PyroSample`` priors, usable
 
 from __future__ import annotations
 
-import contextlib
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 
 import pyro
 import pyro.distributions as dist
@@ -16,28 +15,23 @@ import torch.nn.functional as F
 from pyro.nn import PyroModule, PyroParam, PyroSample
 from torch import Tensor, nn
 
+from .base import CONVERSIONS
+
 __all__ = ["BayesianCNN", "BayesianMLP"]
 
 LIKELIHOODS = ("gaussian", "categorical")
 
 
-# PyTorch's messages for operands of two dtypes (matmul, linear, convolution, elementwise ops).
-_DTYPE_MISMATCH = ("same dtype", "should be the same", "expected scalar type", "found dtype")
-
-
-@contextlib.contextmanager
-def _naming_dtype_mismatch(network: str, x: Tensor) -> Iterator[None]:
-    """Turn PyTorch's error for an input of another dtype than the weights into one naming both and the fix."""
-    try:
-        yield
-    except RuntimeError as error:
-        if not x.is_floating_point() or not any(text in str(error) for text in _DTYPE_MISMATCH):
-            raise
+def _check_input_dtype(network: str, x: Tensor, first_layer: nn.Module) -> None:
+    """Refuse a floating ``x`` of another dtype than the model's (its priors' scales, which the guide's parameters
+    were drawn in), naming both and the fix, before PyTorch's operand error deep in the first layer."""
+    dtype = first_layer.get_buffer("weight_prior_scale").dtype
+    if x.is_floating_point() and x.dtype != dtype:
         raise TypeError(
-            f"{network}: x is {x.dtype}, but the weights (the priors and the guide) are another dtype "
-            f"({str(error).splitlines()[0]}); convert the data to the model's dtype (x.float() for a float32 model, "
-            f"x.double() for float64), or build the model and guide under torch.set_default_dtype({x.dtype})."
-        ) from None
+            f"{network}: x is {x.dtype} but the model's priors are {dtype}; convert the data with "
+            f"x.{CONVERSIONS.get(dtype, 'to')}(), or build the model and its guide under "
+            f"torch.set_default_dtype({x.dtype})."
+        )
 
 
 def _bayesian_layer(layer: nn.Linear | nn.Conv2d, fan_in: int, prior_scale: float) -> nn.Module:
@@ -132,14 +126,14 @@ class BayesianMLP(PyroModule):
         """The network output ``f(x)``: ``(N,)`` for one output, else ``(N, D_out)``."""
         if x.dim() != 2 or x.shape[-1] != self.widths[0]:
             raise ValueError(f"BayesianMLP: x must have shape (N, {self.widths[0]}), got {tuple(x.shape)}.")
+        _check_input_dtype("BayesianMLP", x, next(iter(self.layers)))
         h = x
-        with _naming_dtype_mismatch("BayesianMLP", x):
-            for k, layer in enumerate(self.layers):
-                if k > 0 and self.dropout:
-                    h = F.dropout(h, self.dropout, training=True)
-                h = layer(h)
-                if k < len(self.layers) - 1:
-                    h = self.activation(h)
+        for k, layer in enumerate(self.layers):
+            if k > 0 and self.dropout:
+                h = F.dropout(h, self.dropout, training=True)
+            h = layer(h)
+            if k < len(self.layers) - 1:
+                h = self.activation(h)
         return h.squeeze(-1) if self.widths[-1] == 1 and self.likelihood == "gaussian" else h
 
     def forward(self, x: Tensor, y: Tensor | None = None, num_data: int | None = None) -> Tensor:
@@ -193,8 +187,8 @@ class BayesianCNN(PyroModule):
             raise ValueError(
                 f"BayesianCNN: x must have shape (N, {', '.join(map(str, self.image_shape))}), got {tuple(x.shape)}."
             )
-        with _naming_dtype_mismatch("BayesianCNN", x):
-            h = F.max_pool2d(torch.relu(self.conv1(x)), 2)
+        _check_input_dtype("BayesianCNN", x, self.conv1)
+        h = F.max_pool2d(torch.relu(self.conv1(x)), 2)
         h = F.max_pool2d(torch.relu(self.conv2(h)), 2).flatten(1)
         if self.dropout:
             h = F.dropout(h, self.dropout, training=True)
