@@ -8,7 +8,8 @@ flag that weighs most, the estimate, what is available and the largest value of 
 The estimates are upper bounds calibrated on CPU runs (peak RSS with 2x256 to 2x2048 networks): training
 holds up to :data:`TRAINING_VALUES` values per dense weight (a mean-field guide's locations and scales,
 their gradients and Adam's two moments, the prior, the sampled weights; 74 for a full-covariance
-``q(g)``), and each posterior sample drawn by ``Predictive`` keeps up to :data:`SAMPLE_VALUES` values per
+``q(g)``; a deep ensemble trains its :data:`ENSEMBLE_SIZE` networks one at a time and keeps the finished ones'
+``KEPT_VALUES``), and each posterior sample drawn by ``Predictive`` keeps up to :data:`SAMPLE_VALUES` values per
 weight until the predictions are stacked. Prediction runs in chunks of samples
 (:func:`prediction_chunk`), so only the stacked predictions grow with the number of samples.
 """
@@ -22,6 +23,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 __all__ = [
+    "ENSEMBLE_SIZE",
     "MAX_SAMPLES",
     "MAX_STEPS",
     "available_memory",
@@ -39,8 +41,13 @@ MAX_STEPS = 10**7
 #: The most posterior samples a command predicts with: the Monte-Carlo error of the predictive shrinks as
 #: 1/sqrt(S), so 10^6 samples resolve it to 0.1% of one sample's spread, and each sample is one forward pass.
 MAX_SAMPLES = 10**6
-TRAINING_VALUES = {"whvi-full": 80}  # values per dense weight while training; others: DEFAULT_TRAINING_VALUES
+#: The networks of a deep ensemble (``--methods ensemble``), as Lakshminarayanan et al. (2017) use (§3.3).
+ENSEMBLE_SIZE = 5
 DEFAULT_TRAINING_VALUES = 32
+KEPT_VALUES = 2  # values per dense weight of a trained point estimate kept for predicting: it and its last gradient
+# Values per dense weight (of one network) while training; others: DEFAULT_TRAINING_VALUES. The ensemble: one
+# member training, the others kept.
+TRAINING_VALUES = {"whvi-full": 80, "ensemble": DEFAULT_TRAINING_VALUES + (ENSEMBLE_SIZE - 1) * KEPT_VALUES}
 SAMPLE_VALUES = 6  # values per dense weight that one posterior sample keeps while predicting
 ACTIVATION_VALUES = 16  # values per unit and example of a minibatch (forward, backward, the noise draws)
 PREDICTION_COPIES = 5  # the stacked predictions and the metrics' temporaries of their size
@@ -177,14 +184,19 @@ def mlp_bytes(
     Householder vectors') and ``units`` inputs, hidden units and outputs with the costliest of ``methods``, and
     to predict ``samples`` posterior samples of its ``outputs`` on ``test_rows`` rows.
 
+    :param weights: one network's, for an ensemble (``"ensemble"``) one member's with its mean-variance head.
     :param batch: the examples of a minibatch (the whole training set for full batches).
     :param processes: processes that train a copy each (data-parallel ranks); one of them predicts.
     """
     per_weight = max(TRAINING_VALUES.get(method.split("+")[0], DEFAULT_TRAINING_VALUES) for method in methods)
     training = per_weight * weights + ACTIVATION_VALUES * batch * units
+    losses = LOSS_BYTES * steps
+    if "ensemble" in methods:  # its members' means and standard deviations are the predictions
+        samples = max(samples, 2 * ENSEMBLE_SIZE)
+        losses *= 2  # a member's losses and the members' running sum
     chunk = prediction_chunk(samples, weights, itemsize)
     predicting = chunk * SAMPLE_VALUES * weights + PREDICTION_COPIES * samples * test_rows * outputs
-    return processes * (itemsize * training + LOSS_BYTES * steps) + itemsize * predicting
+    return processes * (itemsize * training + losses) + itemsize * predicting
 
 
 def prediction_chunk(samples: int, weights: int, itemsize: int) -> int:

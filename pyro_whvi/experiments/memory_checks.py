@@ -26,7 +26,8 @@ __all__ = ["check_demo_memory", "check_gp_memory", "check_synthetic_memory", "ch
 
 def check_uci_memory(config: UCIConfig, sizes: SplitSizes, available: int | None = None) -> None:
     """:func:`check_memory` for ``whvi uci``: the costliest method of ``config`` on the largest split ``sizes``
-    (:func:`~pyro_whvi.experiments.uci_data.check_source`), in the default dtype."""
+    (:func:`~pyro_whvi.experiments.uci_data.check_source`), in the default dtype; a deep ensemble (``ensemble``)
+    holds :data:`~pyro_whvi.experiments.memory_budget.ENSEMBLE_SIZE` networks, one training at a time."""
     import torch
 
     flags = {
@@ -43,6 +44,7 @@ def check_uci_memory(config: UCIConfig, sizes: SplitSizes, available: int | None
     if "vsd" in bases:
         flags["--reflections"] = config.reflections
     rows = max(sizes.test, math.ceil(config.val_fraction * sizes.train) if len(config.kl_weights) > 1 else 0)
+    heads = 2 if "ensemble" in bases else 1  # a member's mean-variance head: two outputs a target (an upper bound)
 
     def estimate(values: Mapping[str, int]) -> float:
         hidden, layers, processes = values["--hidden"], values["--layers"], values["--nproc"]
@@ -50,8 +52,8 @@ def check_uci_memory(config: UCIConfig, sizes: SplitSizes, available: int | None
         started = processes * PROCESS_BYTES if processes > 1 else 0  # the ranks launched here
         return started + mlp_bytes(
             config.methods,
-            mlp_weights(sizes.features, hidden, layers, sizes.outputs) + per_layer * (layers + 1),
-            sizes.features + hidden * layers + sizes.outputs,
+            mlp_weights(sizes.features, hidden, layers, heads * sizes.outputs) + per_layer * (layers + 1),
+            sizes.features + hidden * layers + heads * sizes.outputs,
             batch=values["--batch-size"],
             samples=values["--samples"],
             test_rows=rows,

@@ -11,10 +11,13 @@ One name per method, the same Pyro model for all of them (a :class:`~pyro_whvi.n
 ``whvi-lowrank``    ``whvi`` with a low-rank-plus-diagonal ``q(g)`` per block (rank ``ceil(sqrt(D))``)
 ``whvi-full``       ``whvi`` with a full-covariance ``q(g)`` per block (:math:`O(D^2)` parameters)
 ``vsd``             :class:`~pyro_whvi.AutoVSDGuide` (Householder-structured dropout noise)
+``ensemble``        deep ensembles: 5 networks with mean-variance heads, each a point estimate (``AutoDelta``)
+                    trained on its own, predicting as their uniform mixture (:mod:`~pyro_whvi.experiments.ensemble`)
 ==================  ==========================================================================
 
 Append ``+iblm`` (``whvi+iblm``, ``mfg+iblm``, ...) to start the guide from I-BLM
-(:func:`~pyro_whvi.iblm_`) instead of its default initialization.
+(:func:`~pyro_whvi.iblm_`) instead of its default initialization (the variational methods: not ``mcd`` or
+``ensemble``).
 
 :func:`fit` runs the WHVI paper's schedule (App. D.1) through :func:`pyro_whvi.train.engine.train`: Adam
 with the learning rate :math:`\lambda_t = \lambda_0 (1 + \gamma t)^{-p}`, minibatches, and for
@@ -29,6 +32,8 @@ References:
     Y. Gal, Z. Ghahramani. *Dropout as a Bayesian Approximation*. ICML 2016.
     S. Nguyen et al. *Structured Dropout Variational Inference for Bayesian Neural Networks*. NeurIPS 2021.
     S. Rossi, P. Michiardi, M. Filippone. *Good Initializations of Variational Bayes for Deep Models*. ICML 2019.
+    B. Lakshminarayanan, A. Pritzel, C. Blundell. *Simple and Scalable Predictive Uncertainty Estimation using
+    Deep Ensembles*. NeurIPS 2017.
 """
 
 from __future__ import annotations
@@ -47,10 +52,13 @@ from ..infer import AutoVSDGuide, AutoWHVIGuide
 from ..init import iblm_
 from ..nn import BayesianMLP
 from ..train.engine import Checkpoint, Schedule, train
+from .ensemble import EnsembleGuide, build_ensemble, fit_members, member_predictions
 from .memory_budget import dense_weights, prediction_chunk
 
 __all__ = [
     "BASE_METHODS",
+    "ENSEMBLE",
+    "METHODS",
     "WHVI_COVARIANCES",
     "Checkpoint",
     "MethodSpec",
@@ -64,7 +72,9 @@ __all__ = [
 
 #: The WHVI methods and the ``covariance`` of their ``q(g)`` (:class:`~pyro_whvi.AutoWHVIGuide`).
 WHVI_COVARIANCES = {"whvi": "diagonal", "nf-whvi": "diagonal", "whvi-lowrank": "lowrank", "whvi-full": "full"}
-BASE_METHODS = ("mfg", "mcd", *WHVI_COVARIANCES, "vsd")
+BASE_METHODS = ("mfg", "mcd", *WHVI_COVARIANCES, "vsd")  # each a guide (make_guide) of one network
+ENSEMBLE = "ensemble"  # deep ensembles: several networks, each with an AutoDelta guide (pyro_whvi.experiments.ensemble)
+METHODS = (*BASE_METHODS, ENSEMBLE)
 IBLM_SUFFIX = "+iblm"
 
 
@@ -83,12 +93,18 @@ class MethodSpec:
 def parse_method(name: str) -> MethodSpec:
     """``"whvi+iblm"`` -> ``MethodSpec("whvi", iblm=True)``; a ``ValueError`` naming the choices otherwise."""
     base, iblm = (name[: -len(IBLM_SUFFIX)], True) if name.endswith(IBLM_SUFFIX) else (name, False)
-    if base not in BASE_METHODS:
+    if base not in METHODS:
         raise ValueError(
-            f"unknown method {name!r}; choose from {', '.join(BASE_METHODS)}, each optionally with '{IBLM_SUFFIX}'"
+            f"unknown method {name!r}; choose from {', '.join(METHODS)}, each but mcd and {ENSEMBLE} optionally with "
+            f"'{IBLM_SUFFIX}'"
         )
     if iblm and base == "mcd":
         raise ValueError("method 'mcd+iblm': I-BLM initializes variational guides; MC dropout has none")
+    if iblm and base == ENSEMBLE:
+        raise ValueError(
+            f"method '{name}': I-BLM initializes variational guides; a deep ensemble's networks are point estimates "
+            f"started from different random initializations; use '{ENSEMBLE}'"
+        )
     return MethodSpec(base, iblm)
 
 
@@ -128,15 +144,22 @@ def build_method(
     dropout: float = 0.005,
     flows: int = 3,
     reflections: int = 1,
-) -> tuple[BayesianMLP, Any]:
-    """A fresh ``BayesianMLP`` with ``widths`` and its guide for the method.
+) -> tuple[Any, Any]:
+    """A fresh ``BayesianMLP`` with ``widths`` and its guide for the method; for ``ensemble`` its networks (in
+    a ``PyroModule`` list, with mean-variance heads for regression) and their guides, an
+    :class:`~pyro_whvi.experiments.ensemble.EnsembleGuide` (:func:`~pyro_whvi.experiments.ensemble.build_ensemble`).
 
+    :param noise_scale: the Gaussian noise scale's initial value (not ``ensemble``'s: its heads predict it).
     :param dropout: MC dropout's rate (``mcd`` only; the WHVI paper's UCI experiments use 0.005).
     :param flows: planar flows over each site's ``g`` (``nf-whvi``).
     :param reflections: Householder reflections ``T`` of VSD's noise (``vsd``).
     :returns: ``(model, guide)``.
     """
     spec = parse_method(spec) if isinstance(spec, str) else spec
+    if spec.base == ENSEMBLE:  # each network a point estimate: mcd's guide, without dropout
+        return build_ensemble(
+            widths, lambda member: make_guide("mcd", member), likelihood=likelihood, activation=activation
+        )
     model = BayesianMLP(
         widths,
         activation=activation,
@@ -166,7 +189,7 @@ def fit(
     kl_weight: float = 1.0,
 ) -> list[float]:
     """Train ``guide`` on ``(x, y)`` with :func:`~pyro_whvi.train.engine.train` (``Trace_ELBO``, Adam,
-    ``schedule``).
+    ``schedule``); an ensemble's networks one after the other (:func:`~pyro_whvi.experiments.ensemble.fit_members`).
 
     With ``+iblm`` the guide is first initialized by :func:`~pyro_whvi.iblm_` on the training data
     (not when a checkpoint is resumed). Minibatches (drawn with replacement from a generator seeded by
@@ -177,18 +200,36 @@ def fit(
     :param checkpoint: save and resume the run here (:class:`~pyro_whvi.train.engine.Checkpoint`).
     :param noise: ``"per_rank"`` or ``"per_example"`` (see :mod:`pyro_whvi.train.engine`).
     :param kl_weight: the KL term's weight (:class:`~pyro_whvi.infer.KLAnnealing`); 1 is the ELBO.
-    :returns: the ELBO loss (negative ELBO estimate) of every step.
+    :returns: the ELBO loss (negative ELBO estimate) of every step; for an ensemble its networks' mean.
     """
     spec = parse_method(spec) if isinstance(spec, str) else spec
     if x.shape[0] != y.shape[0]:
         raise ValueError(f"fit: x has {x.shape[0]} rows but y has {y.shape[0]}.")
+    label = progress if isinstance(progress, str) else spec.name
+    if spec.base == ENSEMBLE:
+        if not isinstance(guide, EnsembleGuide):
+            raise TypeError(
+                f"fit: method {ENSEMBLE!r} trains an EnsembleGuide, got a {type(guide).__name__}; build the model "
+                f"and guide with build_method('{ENSEMBLE}', ...)"
+            )
+        return fit_members(
+            model,
+            guide,
+            x,
+            y,
+            schedule,
+            seed=seed,
+            kl_weight=kl_weight,
+            progress=label if progress else False,
+            checkpoint=checkpoint,
+            noise=noise,
+        )
     initialize = None
     if spec.iblm:
 
         def initialize() -> None:
             iblm_(guide, (x, y), batch_size=min(128, x.shape[0]), progress=False)
 
-    label = progress if isinstance(progress, str) else spec.name
     return train(
         model,
         guide,
@@ -209,8 +250,12 @@ def predictive_samples(model, guide, x: Tensor, num_samples: int = 64, progress:
 
     ``Predictive`` keeps every posterior sample of the weights until it stacks the outputs, so the samples
     are drawn in chunks (:func:`~pyro_whvi.experiments.memory_budget.prediction_chunk`: one when they fit,
-    as for the defaults); with several chunks ``progress`` (a label) shows a progress bar.
+    as for the defaults); with several chunks ``progress`` (a label) shows a progress bar. For an ensemble
+    (an :class:`~pyro_whvi.experiments.ensemble.EnsembleGuide`) its networks' means (logits), one row each,
+    whatever ``num_samples`` (:func:`~pyro_whvi.experiments.ensemble.member_predictions`).
     """
+    if isinstance(guide, EnsembleGuide):
+        return member_predictions(model, guide, x)[0]
     if isinstance(model, BayesianMLP):
         weights = dense_weights(model.widths)
     else:

@@ -10,12 +10,13 @@ folder's resolved path and a hash of the files the split is read from); a rerun 
 on the same data reads finished splits instead of training them again. The summary (mean and standard
 error over splits, :mod:`~pyro_whvi.experiments.uci_report`) goes to ``<out>/uci_<dataset>.{json,csv,md}``.
 With ``nproc > 1`` (or under ``torchrun``) each split is trained data-parallel
-(:mod:`pyro_whvi.train.engine`); a split's training state is checkpointed next to its result and a
-rerun resumes it.
+(:mod:`pyro_whvi.train.engine`); a split's training state is checkpointed next to its result (a deep
+ensemble's, each network's: :func:`~pyro_whvi.experiments.ensemble.member_checkpoint`) and a rerun resumes it.
 
 Metrics (Monte-Carlo predictive with ``samples`` posterior draws): regression — test RMSE and MNLL
 (negative log of the predictive mixture density, averaged over test points); classification — error
-rate, NLL, ECE (15 bins) and mean predictive entropy.
+rate, NLL, ECE (15 bins) and mean predictive entropy. A deep ensemble's predictive is the uniform mixture of its
+networks' (:mod:`~pyro_whvi.experiments.ensemble`): the same metrics, its networks in the place of the samples.
 
 References:
     WHVI paper (Rossi et al., NeurIPS 2020), §3.2, Table 3 and App. D.1 (set-up and schedule).
@@ -40,6 +41,7 @@ from ..train.engine import Checkpoint
 from ..train.files import notice
 from ..train.folder_lock import folder_lock
 from .arguments import check_device
+from .ensemble import remove_checkpoints
 from .memory_checks import check_uci_memory
 from .methods import MethodSpec, parse_method
 from .noisy_sets import NOISE_FILE, noise_floor, read_noise_std
@@ -208,7 +210,7 @@ def _run_jobs(source: str | Path, config: UCIConfig, out: Path) -> tuple[list[di
             saved = {"fingerprint": fingerprint, "row": row, **extra}
             if leader:
                 write_atomic(path, json.dumps(saved, indent=2))
-                path.with_suffix(".ckpt").unlink(missing_ok=True)
+                remove_checkpoints(path.with_suffix(".ckpt"))  # and an ensemble's members'
                 store.unlink(missing_ok=True)  # the choice's scores are in the row
         rows.append(saved["row"])
         if "reliability" in saved:

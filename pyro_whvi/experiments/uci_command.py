@@ -41,7 +41,7 @@ def _kl_weights(text: str) -> float | tuple[float, ...]:
 
 
 def add_uci_command(commands) -> None:
-    from .methods import BASE_METHODS, Schedule
+    from .methods import BASE_METHODS, ENSEMBLE, METHODS, Schedule
     from .uci import BUNDLED_DATASETS, UCIConfig
     from .uci_config import DEVICES, UCI_PROTOCOLS
 
@@ -53,7 +53,10 @@ def add_uci_command(commands) -> None:
             "units) or error/NLL/ECE/entropy (classification), mean ± standard error over splits. Finished splits "
             "are read back from OUT/runs instead of being trained again. Methods: "
             + ", ".join(BASE_METHODS)
-            + ", each optionally with +iblm (I-BLM initialization). The defaults are the WHVI paper's Table 3 "
+            + ", each but mcd optionally with +iblm (I-BLM initialization), and "
+            + ENSEMBLE
+            + " (deep ensembles: 5 networks with mean-variance heads, each trained on its own under the same schedule, "
+            "predicting as their mixture; Lakshminarayanan et al. 2017). The defaults are the WHVI paper's Table 3 "
             "set-up (App. D.1: 2x128 ReLU, 50,500 steps, batch 64, Adam 1e-3 decayed, noise fixed for 500 steps)."
         ),
     )
@@ -62,7 +65,10 @@ def add_uci_command(commands) -> None:
     source.add_argument("--dataset", choices=BUNDLED_DATASETS, help="a bundled scikit-learn set (default diabetes)")
     defaults, schedule = UCIConfig(), Schedule()
     uci.add_argument(
-        "--methods", type=_uci_methods, default=defaults.methods, help="comma-separated (default mfg,mcd,whvi)"
+        "--methods",
+        type=_uci_methods,
+        default=defaults.methods,
+        help=f"comma-separated, from {','.join(METHODS)} (+iblm on the variational ones; default mfg,mcd,whvi)",
     )
     uci.add_argument("--splits", type=_splits, default=defaults.splits, help="e.g. 0-4 or 0,3,7 (default 0-4)")
     uci.add_argument("--steps", type=steps, help="SVI steps (default: the protocol's, 50,500)")

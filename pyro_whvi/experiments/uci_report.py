@@ -45,13 +45,18 @@ FLOOR_LABELS = {"mnll_gap": "MNLL - floor", "rmse_ratio": "RMSE / σ", "noise_ra
 
 
 def evaluate(data: UCIData, f: torch.Tensor, noise_scale) -> dict[str, float]:
-    """A split's test metrics from predictive samples ``f`` (regression in the original units)."""
+    """A split's test metrics from predictive samples ``f`` (regression in the original units).
+
+    :param noise_scale: the Gaussian noise's standard deviation: one, or one per sample and test point (an
+        ensemble's mean-variance heads, ``(M, N)`` like ``f``), whose root mean square the row reports as
+        ``noise_scale``."""
     if data.task == "regression":
         scale = data.y_scale
+        noise = torch.as_tensor(noise_scale)
         return {
             "rmse": rmse(f, data.y_test) * scale,
             "mnll": gaussian_mnll(f, noise_scale, data.y_test) + math.log(scale),
-            "noise_scale": float(noise_scale) * scale,
+            "noise_scale": (float(noise_scale) if noise.numel() == 1 else float(noise.pow(2).mean().sqrt())) * scale,
         }
     return {
         "error": float(error_rate(f, data.y_test)),

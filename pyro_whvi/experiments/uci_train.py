@@ -19,6 +19,7 @@ from ..train.checkpoints import resumed_seconds
 from ..train.engine import Checkpoint
 from ..train.files import notice
 from ..train.selection import holdout, select_best
+from .ensemble import EnsembleGuide, member_predictions, remove_checkpoints, resumed_member_seconds
 from .methods import MethodSpec, build_method, fit, predictive_samples
 from .reporting import write_atomic
 from .uci_config import UCIConfig
@@ -105,8 +106,10 @@ def train_split(
         checkpoint=checkpoint,
         kl_weight=kl_weight,
     )
-    # A resumed run counts the seconds its checkpoint had trained: the split's whole training time.
-    seconds = time.perf_counter() - start + resumed_seconds(checkpoint)
+    # A resumed run counts the seconds its checkpoint (an ensemble: its members') had trained: the split's whole
+    # training time.
+    resumed = resumed_member_seconds(checkpoint) if isinstance(guide, EnsembleGuide) else resumed_seconds(checkpoint)
+    seconds = time.perf_counter() - start + resumed
     return TrainedSplit(data, model, guide, losses, seconds, label)
 
 
@@ -114,7 +117,14 @@ def predict_split(
     trained: TrainedSplit, x_test: torch.Tensor, config: UCIConfig
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Predictive samples of ``f`` on ``x_test`` and the learned noise scale (regression), on the CPU for the
-    metrics, whatever ``config.device`` trained on (many samples: drawn in chunks, with a progress bar)."""
+    metrics, whatever ``config.device`` trained on (many samples: drawn in chunks, with a progress bar).
+
+    An ensemble's are its networks' means (logits) ``(M, N)`` and their heads' standard deviations ``(M, N)``
+    (:func:`~pyro_whvi.experiments.ensemble.member_predictions`): the uniform mixture's components, which the
+    metrics treat as the samples."""
+    if isinstance(trained.guide, EnsembleGuide):
+        means, scales = member_predictions(trained.model, trained.guide, x_test.to(config.device))
+        return means.cpu(), scales.cpu() if scales is not None else None
     progress = f"{trained.label}: predicting" if config.progress else False
     f = predictive_samples(trained.model, trained.guide, x_test.to(config.device), config.samples, progress).cpu()
     regression = trained.data.task == "regression"
@@ -182,7 +192,7 @@ def choose_kl_weight(
             if store is not None:
                 write_atomic(store, json.dumps(saved, indent=2))
                 if checkpoint is not None:
-                    checkpoint.path.unlink(missing_ok=True)
+                    remove_checkpoints(checkpoint.path)  # and an ensemble's members'
         return (scores[name],)
 
     # Lower MNLL/NLL is better: select_best maximizes the negated score (ties: the first weight given).

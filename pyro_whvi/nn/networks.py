@@ -17,9 +17,11 @@ from torch import Tensor, nn
 
 from .base import CONVERSIONS
 
-__all__ = ["BayesianCNN", "BayesianMLP"]
+__all__ = ["BayesianCNN", "BayesianMLP", "mean_and_scale"]
 
-LIKELIHOODS = ("gaussian", "categorical")
+LIKELIHOODS = ("gaussian", "heteroscedastic", "categorical")
+#: Added to a mean-variance head's variance, ``softplus(raw) + 1e-6`` (Lakshminarayanan et al., 2017, §2.2.1).
+VARIANCE_FLOOR = 1e-6
 
 
 def _check_input_dtype(network: str, x: Tensor, first_layer: nn.Module) -> None:
@@ -51,6 +53,20 @@ def _centered_normal(scale: Tensor, shape: list[int]):
     return dist.Normal(torch.zeros_like(scale), scale).expand(shape).to_event(len(shape))
 
 
+def mean_and_scale(h: Tensor) -> tuple[Tensor, Tensor]:
+    r"""A mean-variance head's output ``h`` (``(N, 2 D)``: ``D`` means, then ``D`` raw variances) as the means and
+    the standard deviations :math:`\sqrt{\operatorname{softplus}(\text{raw}) + 10^{-6}}`, each ``(N,)`` for
+    ``D = 1``, else ``(N, D)``.
+
+    References:
+        B. Lakshminarayanan, A. Pritzel, C. Blundell. *Simple and Scalable Predictive Uncertainty Estimation using
+        Deep Ensembles*. NeurIPS 2017, §2.2.1 (the variance's softplus and its floor).
+    """
+    mean, raw = h.chunk(2, dim=-1)
+    scale = (F.softplus(raw) + VARIANCE_FLOOR).sqrt()
+    return (mean.squeeze(-1), scale.squeeze(-1)) if mean.shape[-1] == 1 else (mean, scale)
+
+
 def _observe(f: Tensor, y: Tensor | None, likelihood: str, noise_scale, num_data: int | None) -> None:
     pyro.deterministic("f", f)
     batch = f.shape[0]
@@ -66,7 +82,8 @@ def _observe(f: Tensor, y: Tensor | None, likelihood: str, noise_scale, num_data
 
 
 class BayesianMLP(PyroModule):
-    r"""Fully connected Bayesian network with a Gaussian (learned noise scale) or categorical likelihood.
+    r"""Fully connected Bayesian network with a Gaussian (learned noise scale), heteroscedastic Gaussian or
+    categorical likelihood.
 
     A weight with ``fan_in`` inputs has the prior :math:`\mathcal{N}(0, \text{prior\_scale}^2 / \text{fan\_in})`
     (the scaling under which a wide network's prior stays finite, and the one WHVI's default prior
@@ -79,8 +96,10 @@ class BayesianMLP(PyroModule):
     :param prior_scale: prior standard deviation of the biases, and of the weights times ``sqrt(fan_in)``.
     :param noise_scale: (initial) observation noise standard deviation.
     :param learn_noise: learn the noise scale (a point estimate) or keep it fixed.
-    :param likelihood: ``"gaussian"`` (regression) or ``"categorical"`` (``D_out`` classes, logits ``f``,
-        integer labels).
+    :param likelihood: ``"gaussian"`` (regression), ``"heteroscedastic"`` (regression with a mean-variance head:
+        the last layer has ``2 D_out`` outputs, each target's mean and variance (:func:`mean_and_scale`), recorded
+        as the sites ``f`` and ``noise``, its standard deviation; no ``noise_scale``), or ``"categorical"``
+        (``D_out`` classes, logits ``f``, integer labels).
     :param dropout: Bernoulli dropout rate on the inputs of every layer after the first, active in
         every forward pass: with a point-estimate guide (``AutoDelta``) this is MC dropout
         (Gal & Ghahramani, 2016), the prior acting as weight decay.
@@ -89,6 +108,7 @@ class BayesianMLP(PyroModule):
 
     References:
         WHVI paper (Rossi et al., NeurIPS 2020), §3.1–3.2 and App. D.1 (architectures, likelihood).
+        Lakshminarayanan et al., NeurIPS 2017, §2.2.1 (the mean-variance head, ``"heteroscedastic"``).
     """
 
     def __init__(
@@ -110,12 +130,13 @@ class BayesianMLP(PyroModule):
             raise ValueError(f"BayesianMLP: dropout must be in [0, 1), got {dropout!r}.")
         self.widths = [int(w) for w in widths]
         self.activation, self.likelihood, self.dropout = activation, likelihood, float(dropout)
+        heads = 2 if likelihood == "heteroscedastic" else 1  # a mean-variance head: a mean and a variance per target
         layers = [
             _bayesian_layer(nn.Linear(d_in, d_out), d_in, prior_scale)
-            for d_in, d_out in zip(self.widths[:-1], self.widths[1:])
+            for d_in, d_out in zip(self.widths[:-1], [*self.widths[1:-1], heads * self.widths[-1]])
         ]
         self.layers = PyroModule[nn.ModuleList](layers)  # type: ignore[arg-type]
-        if likelihood == "categorical":
+        if likelihood in ("categorical", "heteroscedastic"):
             self.noise_scale = None
         elif learn_noise:
             self.noise_scale = PyroParam(torch.tensor(float(noise_scale)), dist.constraints.positive)
@@ -123,7 +144,8 @@ class BayesianMLP(PyroModule):
             self.register_buffer("noise_scale", torch.tensor(float(noise_scale)))
 
     def predict(self, x: Tensor) -> Tensor:
-        """The network output ``f(x)``: ``(N,)`` for one output, else ``(N, D_out)``."""
+        """The network output ``f(x)``: ``(N,)`` for one output, else ``(N, D_out)``; with a mean-variance head
+        (``"heteroscedastic"``) ``(N, 2 D_out)``, the means then the raw variances (:func:`mean_and_scale`)."""
         if x.dim() != 2 or x.shape[-1] != self.widths[0]:
             raise ValueError(f"BayesianMLP: x must have shape (N, {self.widths[0]}), got {tuple(x.shape)}.")
         _check_input_dtype("BayesianMLP", x, next(iter(self.layers)))
@@ -139,7 +161,12 @@ class BayesianMLP(PyroModule):
     def forward(self, x: Tensor, y: Tensor | None = None, num_data: int | None = None) -> Tensor:
         """Sample ``obs`` given ``x``; with ``num_data`` the batch's likelihood is scaled by ``num_data / N``."""
         f = self.predict(x)
-        _observe(f, y, self.likelihood, self.noise_scale, num_data)
+        if self.likelihood == "heteroscedastic":
+            f, scale = mean_and_scale(f)
+            pyro.deterministic("noise", scale)
+            _observe(f, y, "gaussian", scale, num_data)
+        else:
+            _observe(f, y, self.likelihood, self.noise_scale, num_data)
         return f
 
 
