@@ -27,19 +27,22 @@ from collections.abc import Callable
 
 import torch
 from pyro.poutine.messenger import Messenger
+from pyro.poutine.runtime import _PYRO_STACK
 
 __all__ = ["KLAnnealing"]
 
 
 class _ScaleLatents(Messenger):
-    def __init__(self, annealing: KLAnnealing):
+    def __init__(self, annealing: KLAnnealing, frozen_under_jit: bool = True):
         super().__init__()
         self.annealing = annealing
+        # False where the compiled ELBO keys its graphs by the factor (a scope around a JitTrace_ELBO call)
+        self.frozen_under_jit = frozen_under_jit
 
     def _pyro_sample(self, msg):
         if not msg["is_observed"]:
             msg["scale"] = msg["scale"] * self.annealing.factor
-            if torch.jit.is_tracing():
+            if self.frozen_under_jit and torch.jit.is_tracing():
                 warnings.warn(
                     f"KLAnnealing under the JIT (JitTrace_ELBO and kin): the compiled loss keeps factor="
                     f"{self.annealing.factor} and ignores later changes; train a schedule with Trace_ELBO.",
@@ -76,6 +79,19 @@ class KLAnnealing:
         """A context in which every latent site's log density is scaled by ``factor``: around a whole ELBO
         evaluation (``with annealing.scope(): loss = elbo(x, y)``) it weights the model's and the guide's alike."""
         return _ScaleLatents(self)
+
+
+def active_annealing_factors() -> tuple[float, ...]:
+    """The factors of the :meth:`KLAnnealing.scope` s active now, outermost first."""
+    return tuple(m.annealing.factor for m in _PYRO_STACK if isinstance(m, _ScaleLatents))
+
+
+def scale_latents(fn: Callable, factors: tuple[float, ...]) -> Callable:
+    """``fn`` with its latent sites' log densities scaled by each factor (a compiled ELBO's view of the
+    :meth:`KLAnnealing.scope` s around its call, whose graphs it keys by these factors)."""
+    for factor in factors:
+        fn = _ScaleLatents(KLAnnealing(factor), frozen_under_jit=False)(fn)
+    return fn
 
     def __repr__(self) -> str:
         return f"KLAnnealing(factor={self.factor})"

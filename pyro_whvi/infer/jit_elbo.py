@@ -33,8 +33,10 @@ import torch
 from pyro import poutine
 from pyro.ops.jit import CompiledFunction, _hashable_args_kwargs
 from pyro.poutine.runtime import Message, am_i_wrapped, apply_stack
-from pyro.util import ignore_jit_warnings, warn_if_nan
+from pyro.util import get_rng_state, ignore_jit_warnings, set_rng_state, warn_if_nan
 from torch.distributions import constraints
+
+from .annealing import active_annealing_factors, scale_latents
 
 __all__ = ["JitTraceMeanField_ELBO", "JitTrace_ELBO", "refuse_under_trace"]
 
@@ -57,9 +59,12 @@ class _CompiledOnParams:
         self.compiled: dict = {}
 
     def __call__(self, *args, **kwargs):
-        key = _hashable_args_kwargs(args, kwargs)
+        # A KLAnnealing scope around the call is blocked from the compiled graph: it is applied inside, and each
+        # factor gets its own graph.
+        factors = active_annealing_factors()
+        key = (_hashable_args_kwargs(args, kwargs), factors)
         if key not in self.compiled:
-            self.compiled[key] = self._compile(args, kwargs)
+            self.compiled[key] = self._compile(args, kwargs, factors)
         graph, names, returns_tuple = self.compiled[key]
         stored = dict(pyro.get_param_store().named_parameters())
         try:
@@ -75,7 +80,16 @@ class _CompiledOnParams:
             _report_params(names, outputs[len(results) :], unconstrained)
         return results if returns_tuple else results[0]
 
-    def _compile(self, args: tuple, kwargs: dict) -> tuple:
+    def _compile(self, args: tuple, kwargs: dict, factors: tuple[float, ...]) -> tuple:
+        # Compiling runs the function twice; the random state is put back, so that the first compiled call draws
+        # what an eager first call draws (seed for seed, where the JIT drops no draw).
+        rng_state = get_rng_state()
+        try:
+            return self._trace(args, kwargs, factors)
+        finally:
+            set_rng_state(rng_state)
+
+    def _trace(self, args: tuple, kwargs: dict, factors: tuple[float, ...]) -> tuple:
         with poutine.block(), poutine.trace(param_only=True) as capture:
             self.fn(*args, **kwargs)
         names = list(capture.trace.nodes)
@@ -85,7 +99,8 @@ class _CompiledOnParams:
         def on_params(*params_and_args):
             # store[name] is the constrained value of the unconstrained input (the same tensor), traced.
             constrained = {name: store[name] for name in names}
-            out = poutine.replay(self.fn, params=constrained)(*params_and_args[len(names) :], **kwargs)
+            annealed = scale_latents(self.fn, factors)
+            out = poutine.replay(annealed, params=constrained)(*params_and_args[len(names) :], **kwargs)
             returns_tuple.append(isinstance(out, tuple))
             return (*(out if isinstance(out, tuple) else (out,)), *constrained.values())
 

@@ -223,6 +223,28 @@ def test_kl_annealing_under_the_jit_warns_that_its_factor_is_frozen():
         JitTrace_ELBO().loss_and_grads(annealing(model), annealing(guide), x, y)
 
 
+@pytest.mark.parametrize("elbo_class", [JitTrace_ELBO, JitTraceMeanField_ELBO])
+def test_kl_annealing_scope_around_a_compiled_elbo_module_scales_its_kl(elbo_class):
+    """``with annealing.scope(): module(x, y)`` (the engine's tempered ELBO): the compiled loss and gradients are the
+    eager ELBO's under the same scope, and each factor gets its own graph (Pyro's compiled functions run the model
+    and guide under ``poutine.block``, which hid the scope: every factor gave the untempered loss)."""
+    model, guide, x, y = _setup("mfg")
+    eager_class = Trace_ELBO if elbo_class is JitTrace_ELBO else TraceMeanField_ELBO
+    module, eager = elbo_class()(model, guide), eager_class()(model, guide)
+    losses = []
+    with torch.jit.optimized_execution(False):
+        for factor in (0.01, 1.0, 0.01):
+            with KLAnnealing(factor).scope():
+                module(x, y)  # compiles for a new factor
+                reference = _module_loss_and_grads(eager, x, y, 3)
+                _assert_same(_module_loss_and_grads(module, x, y, 3), reference)
+                losses.append(float(reference[0]))
+    assert losses[0] == losses[2] != losses[1]
+    elbo = module.elbo
+    compiled = elbo._differentiable_loss if elbo_class is JitTraceMeanField_ELBO else elbo._loss_and_surrogate_loss
+    assert len(compiled.compiled) == 2
+
+
 def test_joint_optim_steps_as_pyro_optim_and_keeps_its_state():
     """One torch optimizer for every parameter gives PyroOptim's updates, and its state round-trips."""
     x, y = _data()

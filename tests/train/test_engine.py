@@ -197,3 +197,20 @@ def test_cooldown_ramps_the_decayed_rate_to_zero_and_adam_follows_it(monkeypatch
     expected = [[lr * schedule.lr_factor(t), lr * schedule.lr_factor(t, delay=fixed)] for t in range(steps)]
     assert len(used) == steps
     assert all(rates == pytest.approx(want, rel=1e-12, abs=0) for rates, want in zip(used, expected))
+
+
+@pytest.mark.parametrize("kl_weight", [1.0, 0.1])
+def test_train_with_the_jit_takes_the_eager_steps(kl_weight):
+    """``jit=True`` optimizes the compiled ELBO: with AutoNormal, whose draws all reach the loss, the same numbers
+    as ``Trace_ELBO`` step for step, the KL weight included (run as traced: the optimizing executor may regroup
+    draws)."""
+    x, y = regression_data(40)
+    schedule = Schedule(STEPS, 0, BATCH, LR, lr_gamma=0.0, lr_power=0.0)
+    runs = []
+    for jit in (False, True):
+        model, guide = _model_and_guide("normal")
+        with torch.jit.optimized_execution(False):
+            runs.append(train(model, guide, x, y, schedule, kl_weight=kl_weight, progress=False, jit=jit))
+    assert runs[1] == pytest.approx(runs[0], rel=1e-9)
+    with pytest.raises(ValueError, match=r"noise='per_example'.*jit=False"):
+        train(model, guide, x, y, schedule, progress=False, jit=True, noise="per_example")
