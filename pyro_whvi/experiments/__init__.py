@@ -7,7 +7,8 @@ Nothing in the library (:mod:`pyro_whvi.ops`, ``distributions``, ``infer``, ``nn
 * :mod:`~pyro_whvi.train.engine` — :func:`~pyro_whvi.train.engine.train`, the one SVI loop
   (schedule, fixed-noise phase, minibatches, checkpoints, data-parallel).
 * :mod:`~pyro_whvi.train.distributed` — launching and joining process groups.
-* :mod:`~pyro_whvi.experiments.methods` — ``mfg``, ``mcd``, ``whvi``, ``nf-whvi``, ``vsd`` (``+iblm``).
+* :mod:`~pyro_whvi.experiments.methods` — ``mfg``, ``mcd``, ``whvi``, ``nf-whvi``, ``vsd`` (``+iblm``), and
+  ``ensemble`` (:mod:`~pyro_whvi.experiments.ensemble`: deep ensembles with mean-variance heads).
 * :mod:`~pyro_whvi.experiments.uci` — ``whvi uci``; :mod:`~pyro_whvi.experiments.noisy_sets` — ``whvi synthetic``.
 * :mod:`~pyro_whvi.experiments.demo`, :mod:`~pyro_whvi.experiments.gp`, :mod:`~pyro_whvi.experiments.bench`.
 * :mod:`~pyro_whvi.experiments.reporting` — result tables (atomic writes) and shared plots.
