@@ -1,13 +1,16 @@
-"""The GP benchmarks run end to end, as commands, on tiny settings and write their outputs."""
+"""The GP benchmarks run end to end on tiny settings and write their outputs: GPflow's comparison as a command
+(TensorFlow stays out of the test's process), the others in it (:mod:`.in_process`)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import numpy as np
 import pytest
 
 from ..helpers import ROOT, run_python
+from .in_process import run_main
 
 
 def _run(argv: list[str]):
@@ -17,7 +20,8 @@ def _run(argv: list[str]):
 
 @pytest.mark.slow
 def test_gp_rf_vs_inducing_benchmark(tmp_path):
-    pytest.importorskip("gpflow")
+    if importlib.util.find_spec("gpflow") is None:  # importing it here would cost seconds and load TensorFlow
+        pytest.skip("needs the [baselines] extra (gpflow, tensorflow)")
     argv = [str(ROOT / "benchmarks" / "gp_rf_vs_inducing.py"), "--functions", "otlcircuit"]
     argv += ["--num-points", "120", "--steps", "6", "--blocks", "4,8", "--batch-size", "32"]
     argv += ["--out", str(tmp_path), "--stem", "smoke"]
@@ -41,17 +45,17 @@ def test_gp_rf_vs_inducing_benchmark(tmp_path):
 
 
 def test_gp_rf_vs_inducing_rejects_unknown_names(tmp_path):
-    result = _run([str(ROOT / "benchmarks" / "gp_rf_vs_inducing.py"), "--functions", "branin", "--out", str(tmp_path)])
-    assert result.returncode == 2 and "--functions: unknown ['branin']" in result.stderr
+    status, _, stderr = run_main("gp_rf_vs_inducing", ["--functions", "branin", "--out", str(tmp_path)])
+    assert status == 2 and "--functions: unknown ['branin']" in stderr
 
 
 @pytest.mark.slow
 def test_gp_speed_benchmark(tmp_path):
-    argv = [str(ROOT / "benchmarks" / "gp_speed.py"), "--dims", "4,40", "--num-features", "64", "--num-points", "32"]
+    argv = ["--dims", "4,40", "--num-features", "64", "--num-points", "32"]
     argv += ["--blocks", "4", "--batch-size", "16", "--iterations", "1", "--repeats", "1"]
     argv += ["--out", str(tmp_path), "--stem", "speed"]
-    result = _run(argv)
-    assert result.returncode == 0, result.stderr[-3000:]
+    status, _, stderr = run_main("gp_speed", argv)
+    assert status == 0, stderr[-3000:]
     rows = json.loads((tmp_path / "speed.json").read_text())["results"]
     assert {(r["d"], r["projection"]) for r in rows if r["kind"] == "features"} == {
         (d, p) for d in (4, 40) for p in ("dense", "fastfood", "sorf")

@@ -1,4 +1,5 @@
-"""The I-BLM benchmark runs end to end, as a command, on tiny settings and writes its outputs."""
+"""The I-BLM benchmark runs end to end, in the test's process (:mod:`.in_process`), on tiny settings and writes its
+outputs."""
 
 from __future__ import annotations
 
@@ -7,13 +8,14 @@ import json
 import numpy as np
 import pytest
 
-from ..helpers import ROOT, run_python, uci_directory
+from ..helpers import uci_directory
+from .in_process import run_main
 
 
 @pytest.mark.slow
 def test_iblm_benchmark(tmp_path):
     data = uci_directory(tmp_path)
-    argv = [str(ROOT / "benchmarks" / "iblm_init.py"), "--data-dir", str(data), "--seeds", "1", "--steps", "4"]
+    argv = ["--data-dir", str(data), "--seeds", "1", "--steps", "4"]
     argv += [
         "--eval-every",
         "2",
@@ -29,9 +31,8 @@ def test_iblm_benchmark(tmp_path):
         "16",
     ]
     argv += ["--out", str(tmp_path), "--stem", "smoke"]
-    script = f"import runpy, sys; sys.argv = {argv!r}; runpy.run_path(sys.argv[0], run_name='__main__')"
-    result = run_python(script)
-    assert result.returncode == 0, result.stderr[-3000:]
+    status, _, stderr = run_main("iblm_init", argv)
+    assert status == 0, stderr[-3000:]
     record = json.loads((tmp_path / "smoke.json").read_text())
     summary = record["meta"]["summary"]
     assert {(e["task"], e["guide"], e["init"]) for e in summary} == {

@@ -1,4 +1,5 @@
-"""The SVI-step benchmark script runs end to end, as a command, on a tiny sweep and writes its outputs."""
+"""The SVI-step benchmark script runs end to end, in the test's process (:mod:`.in_process`), on a tiny sweep and
+writes its outputs."""
 
 from __future__ import annotations
 
@@ -7,17 +8,15 @@ import json
 import pytest
 import torch
 
-from ..helpers import ROOT, run_python
-
-SCRIPT = ROOT / "benchmarks" / "svi_step.py"
+from .in_process import run_main
 
 
 @pytest.mark.slow
 def test_svi_step_benchmark_quick(tmp_path):
-    argv = [str(SCRIPT), "--quick", "--max-log2-d", "8", "--batch", "8", "--rounds", "1", "--min-run-time", "0.01"]
+    argv = ["--quick", "--max-log2-d", "8", "--batch", "8", "--rounds", "1", "--min-run-time", "0.01"]
     argv += ["--threads", "1", "--device", "cpu", "--out", str(tmp_path)]  # --device cpu: the default, explicit
-    result = run_python(f"import runpy, sys; sys.argv = {argv!r}; runpy.run_path(sys.argv[0], run_name='__main__')")
-    assert result.returncode == 0, result.stderr[-3000:]
+    status, _, stderr = run_main("svi_step", argv)
+    assert status == 0, stderr[-3000:]
     for suffix in ("json", "csv", "md", "png"):
         assert (tmp_path / f"svi_step_quick.{suffix}").is_file(), suffix
     data = json.loads((tmp_path / "svi_step_quick.json").read_text())
@@ -49,8 +48,7 @@ def test_svi_step_benchmark_quick(tmp_path):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error of a machine without CUDA")
 def test_svi_step_benchmark_device_cuda_without_cuda_is_a_clear_error(tmp_path):
-    argv = [str(SCRIPT), "--device", "cuda", "--out", str(tmp_path)]
-    result = run_python(f"import runpy, sys; sys.argv = {argv!r}; runpy.run_path(sys.argv[0], run_name='__main__')")
-    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
-    assert "error: --device cuda: PyTorch sees no CUDA GPU here" in result.stderr and "--device cpu" in result.stderr
+    status, _, stderr = run_main("svi_step", ["--device", "cuda", "--out", str(tmp_path)])  # an exception propagates
+    assert status == 2 and "Traceback" not in stderr, stderr[-2000:]
+    assert "error: --device cuda: PyTorch sees no CUDA GPU here" in stderr and "--device cpu" in stderr
     assert not list(tmp_path.iterdir())
