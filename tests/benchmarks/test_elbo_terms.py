@@ -32,7 +32,8 @@ def test_site_kls_match_the_closed_form_for_mean_field_sites():
     with torch.no_grad():  # move the posterior away from its initial values, so the KLs are not all alike
         for _, value in pyro.get_param_store().items():
             value.unconstrained().add_(0.2 * torch.randn_like(value))
-    kls, log_likelihood = elbo_terms.site_kls(model, guide, x, y, draws=4000)
+    with pyro.validation_enabled(False):  # it checks arguments only: the same estimates, in three quarters of the time
+        kls, log_likelihood = elbo_terms.site_kls(model, guide, x, y, draws=4000)
     assert set(kls) == {"layers.0.weight", "layers.0.bias", "layers.1.weight", "layers.1.bias"}
     for name, estimate in kls.items():
         posterior = dist.Normal(attrgetter(name)(guide.locs), attrgetter(name)(guide.scales))
