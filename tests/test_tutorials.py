@@ -57,8 +57,17 @@ def test_tutorial_runs_in_fast_mode(path: Path, tmp_path):
     if path.stem in NEEDS:
         pytest.importorskip(NEEDS[path.stem])
     out = tmp_path / "figures"
+    # One torch thread, as the test processes have (conftest.py): with torch's default of one per core, a tutorial
+    # and the other `make test` worker oversubscribe the cores (OpenMP threads waiting on each other).
+    # Measured here, two cores, the other core busy: random_features 38 s with the default, 8 s with one thread;
+    # iblm 29 s / 11 s, vsd_cnn 24 s / 9 s, nf_whvi 20 s / 8 s. Nothing a tutorial checks depends on it.
     result = run_script(
-        path, cwd=tmp_path, PYRO_WHVI_TUTORIAL_FAST="1", PYRO_WHVI_TUTORIAL_OUT=str(out), MPLBACKEND="Agg"
+        path,
+        cwd=tmp_path,
+        PYRO_WHVI_TUTORIAL_FAST="1",
+        PYRO_WHVI_TUTORIAL_OUT=str(out),
+        MPLBACKEND="Agg",
+        OMP_NUM_THREADS="1",
     )
     assert result.returncode == 0, result.stderr[-3000:]
     # Into the folder it was given: the figures committed for it (tutorials/figures), no more and no fewer.
