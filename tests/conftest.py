@@ -17,8 +17,10 @@ BACKENDS = ("reference", "compiled")
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # `make test` runs PYTEST_WORKERS workers (2: one per core of the CI machine); torch's default of one thread
-    # per core in each would oversubscribe the cores. Processes that the tests start keep torch's default.
+    # per core in each would oversubscribe the cores. The processes that the tests start (the command, ranks,
+    # tutorials) inherit one thread too, unless a test sets OMP_NUM_THREADS itself.
     torch.set_num_threads(1)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture(autouse=True)
