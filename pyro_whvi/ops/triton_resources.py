@@ -99,7 +99,7 @@ def resource_usage(kernel_name: str, size: int, dtype: torch.dtype, arch: int = 
     """Registers per thread and spill bytes of a kernel compiled ahead of time for ``sm_<arch>`` (no GPU needed).
 
     Compiles with ``triton.compile`` for a CUDA target and reads ``ptxas -v`` (the assembler Triton ships). The
-    report is cached with the kernel in Triton's cache (see :func:`_compile_with_report`).
+    report is cached with the kernel in Triton's cache (see ``_compile_with_report``).
 
     :returns: ``{"registers": ..., "spill_bytes": ..., "shared_bytes": ..., "warps": ...}``.
     """
