@@ -77,13 +77,19 @@ def whvi_in_process(*argv: str) -> tuple[int, str, str]:
     than the command."""
     from pyro_whvi.experiments.cli import main
 
+    return main_in_process(main, list(argv))
+
+
+def main_in_process(main: Callable[[list[str]], int | None], argv: list[str]) -> tuple[int, str, str]:
+    """``main(argv)`` of a command in this process: its exit status (argparse exits through ``SystemExit``; a
+    ``main`` that returns ``None`` succeeded), stdout and stderr."""
     stdout, stderr = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
         try:
-            status = main(list(argv))
+            status = main(argv)
         except SystemExit as exit:
             status = exit.code if isinstance(exit.code, int) else 1
-    return status, stdout.getvalue(), stderr.getvalue()
+    return status or 0, stdout.getvalue(), stderr.getvalue()
 
 
 def gpytorch_training_step(model, num_data: int) -> Callable[[torch.Tensor, torch.Tensor], None]:

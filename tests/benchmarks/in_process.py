@@ -8,7 +8,6 @@ the functions it runs by module name."""
 from __future__ import annotations
 
 import contextlib
-import io
 import sys
 from collections.abc import Iterator
 from types import ModuleType
@@ -16,6 +15,7 @@ from types import ModuleType
 import torch
 
 from ..experiments.test_data import _load_script
+from ..helpers import main_in_process
 
 
 @contextlib.contextmanager
@@ -36,10 +36,5 @@ def script(name: str) -> Iterator[ModuleType]:
 def run_main(name: str, argv: list[str]) -> tuple[int, str, str]:
     """``benchmarks/<name>.py ARGV`` in this process (see :func:`script`): its exit status (argparse exits
     through ``SystemExit``), stdout and stderr."""
-    stdout, stderr = io.StringIO(), io.StringIO()
-    with script(name) as module, contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-        try:
-            status = module.main(argv)
-        except SystemExit as exit:
-            status = exit.code if isinstance(exit.code, int) else 1
-    return status or 0, stdout.getvalue(), stderr.getvalue()
+    with script(name) as module:
+        return main_in_process(module.main, argv)
