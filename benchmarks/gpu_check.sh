@@ -4,6 +4,13 @@
 #   benchmarks/gpu_check.sh               # on the GPU machine: CUDA tensors, Triton kernels
 #   benchmarks/gpu_check.sh --rehearse    # here, without a GPU: the same steps on the CPU (or GPU_CHECK_DEVICE=cpu)
 #
+# Where the checkout is the working directory, its own pyro_whvi/ (which has no _csrc: pyproject.toml maps the
+# top-level cuda/ there at install) would shadow the installed copy; so every step runs from a copy of tests/ and
+# benchmarks/ in a scratch folder, and `env` fails unless pyro_whvi and its kernels come from the install.
+#
+# GPU_CHECK_STEPS (default: all) names the steps to run, e.g. "tests gpu-kernels"; GPU_CHECK_KERNEL_ARGS and
+# GPU_CHECK_SVI_ARGS replace the benchmarks' size arguments (a shorter rerun inside what is left of a lease).
+#
 # Steps, each with its own time limit (`timeout`), inside a global deadline of GPU_CHECK_DEADLINE_S seconds
 # (default 540, well inside the device tool's 10 minutes); a failing step does not stop the later ones:
 #   install       pyro-ppl and pyro-api from the carried wheels (.whl/, `make gpu-wheels` fetches them) and this
@@ -13,10 +20,11 @@
 #                 source tree with its CUDA sources (csrc/) is carried in .whl/; skipped otherwise, and said so
 #   env           nvidia-smi, torch, Triton, the device's name
 #   tests         tests/ops/test_cuda.py on CUDA tensors: every op and dtype against the float64 reference
-#   gpu-kernels   benchmarks/gpu_kernels.py: every op forward and backward, fp32/bf16/fp16, D = 2^4 ... 2^15,
-#                 against the copy floor, the reference, dense cuBLAS (and Dao's kernel where built)
+#   gpu-kernels   benchmarks/gpu_kernels.py: fwht (out of place and in place) and whvi_matvec, forward and backward,
+#                 float32, D = 2^4 ... 2^15, against the copy floor, the reference, dense cuBLAS (and Dao's kernel
+#                 where built)
 #   svi-step      benchmarks/svi_step.py --device cuda: plain PyTorch, the layers eager and compiled, SVI
-#                 AutoNormal and AutoWHVIGuide, D = 128 ... 4096
+#                 AutoNormal and AutoWHVIGuide, eager and JIT, D = 128 ... 1024
 #   uci           whvi uci --device cuda end to end on diabetes (and the same run on the CPU, to compare)
 #
 # Everything goes to $OUT (default ./gpu_check_out, or /tmp/gpu_check_rehearsal when rehearsing): summary.txt
@@ -44,6 +52,10 @@ SITE=$WORK/site
 DAO_SITE=$WORK/dao_site
 RESULTS=$WORK/results
 mkdir -p "$OUT" "$RESULTS"
+TREE=$WORK/tree
+mkdir -p "$TREE" && cp -r "$ROOT/tests" "$ROOT/benchmarks" "$TREE/" && rm -rf "$TREE/benchmarks/results"
+mkdir -p "$TREE/benchmarks/results"
+STEPS=" ${GPU_CHECK_STEPS:-install env tests cpu-kernels gpu-kernels svi-step uci uci-cpu} "
 SUMMARY=$WORK/summary.txt
 START=$(date +%s)
 DEADLINE=$((START + ${GPU_CHECK_DEADLINE_S:-540}))
@@ -62,6 +74,10 @@ step() {
     local name=$1 budget=$2 note=$3
     shift 4
     local now left limit began rc
+    if [[ "$STEPS" != *" $name "* ]]; then
+        printf '%-12s %6s %8s  %s\n' "$name" skipped 0 "not in GPU_CHECK_STEPS" >>"$SUMMARY"
+        return
+    fi
     now=$(date +%s)
     left=$((DEADLINE - now - 15))
     limit=$((budget < left ? budget : left))
@@ -80,7 +96,7 @@ step() {
 }
 
 # The steps run in `bash -c` under `timeout`: the functions and the variables they read are exported.
-export PYTHON WHEELS SITE DAO_SITE RESULTS DEVICE ROOT
+export PYTHON WHEELS SITE DAO_SITE RESULTS DEVICE ROOT TREE
 
 # --- install: the carried wheels and the project, offline, into one folder (nothing else on the machine changes)
 install() {
@@ -97,6 +113,7 @@ export -f install
 step install 90 "$(find "$WHEELS" -maxdepth 1 -type f -name '*.whl' 2>/dev/null | wc -l) wheels from $WHEELS + this project (--no-deps)" -- install
 export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
 export PATH=$SITE/bin:$PATH
+cd "$TREE" || exit 2
 
 # --- in the background: the CPU kernels, and Dao's kernel where its sources are carried
 step_background() {
@@ -108,8 +125,11 @@ step_background() {
         echo "$? $(($(date +%s) - began))" >"$WORK/$name.status"
     ) &
 }
-step_background cpu-kernels 240 "$PYTHON" -m pyro_whvi.ops.build
-CPU_KERNELS_PID=$!
+CPU_KERNELS_PID=""
+if [[ "$STEPS" == *" cpu-kernels "* ]]; then
+    step_background cpu-kernels 240 "$PYTHON" -m pyro_whvi.ops.build
+    CPU_KERNELS_PID=$!
+fi
 
 DAO_NOTE=""
 DAO_SOURCE=""
@@ -159,6 +179,15 @@ import importlib.metadata as metadata, os, sys, torch
 import pyro, pyro_whvi
 print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda)
 print("pyro", pyro.__version__, "from", os.path.dirname(pyro.__file__), "; pyro_whvi from", os.path.dirname(pyro_whvi.__file__))
+import pyro_whvi._csrc.triton.kernels as kernels  # the Triton kernels: CUDA tensors fall back to the reference without
+site = os.path.realpath(os.environ["SITE"])
+for module in (pyro_whvi, kernels):
+    if not os.path.realpath(module.__file__).startswith(site + os.sep):
+        sys.exit(f"{module.__name__} comes from {module.__file__}, not the install in {site}")
+if torch.cuda.is_available():
+    from pyro_whvi.ops import triton_backend
+    if not triton_backend.triton_available():
+        sys.exit("CUDA tensors would use the reference ops: Triton's kernels are not available")
 for name in ("triton", "gpytorch", "numpy", "scipy", "hypothesis", "pytest-xdist"):
     try:
         print(name, metadata.version(name))
@@ -188,10 +217,12 @@ export -f run_tests
 step tests 150 "tests/ops/test_cuda.py with PYRO_WHVI_TEST_DEVICE=$DEVICE" -- run_tests
 
 # Timings need the machine to themselves: the background builds end first (they are bounded by their limits).
-wait "$CPU_KERNELS_PID"
-read -r rc seconds <"$WORK/cpu-kernels.status"
-printf '%-12s %6s %8s  %s\n' cpu-kernels "$rc" "$seconds" "python -m pyro_whvi.ops.build (background)" >>"$SUMMARY"
-if ((rc != 0)); then FAILED=1; fi
+if [[ -n "$CPU_KERNELS_PID" ]]; then
+    wait "$CPU_KERNELS_PID"
+    read -r rc seconds <"$WORK/cpu-kernels.status"
+    printf '%-12s %6s %8s  %s\n' cpu-kernels "$rc" "$seconds" "python -m pyro_whvi.ops.build (background)" >>"$SUMMARY"
+    if ((rc != 0)); then FAILED=1; fi
+fi
 if [[ -n "$DAO_PID" ]]; then
     wait "$DAO_PID"
     read -r rc seconds <"$WORK/dao.status"
@@ -204,8 +235,11 @@ fi
 if ((REHEARSE)); then
     kernel_args=(--device cpu --max-log2-d 6 --dense-max-log2-d 5 --elements 1024 --min-run-time 0.01)
 else
-    kernel_args=(--device cuda --min-run-time 0.05)
+    # fwht and whvi_matvec in float32 at every D: about 6 s a row on an H200 (2026-11-27), so the whole sweep
+    # (4 ops, 3 dtypes: about 140 rows) does not fit one call; GPU_CHECK_KERNEL_ARGS="--dtypes bfloat16" etc. for more
+    kernel_args=(--device cuda --dtypes float32 --ops fwht,whvi_matvec --min-run-time 0.05)
 fi
+if [[ -n "${GPU_CHECK_KERNEL_ARGS:-}" ]]; then read -r -a kernel_args <<<"--device $DEVICE $GPU_CHECK_KERNEL_ARGS"; fi
 step gpu-kernels 170 "benchmarks/gpu_kernels.py ${kernel_args[*]}" -- \
     "$PYTHON" benchmarks/gpu_kernels.py "${kernel_args[@]}" --out "$RESULTS"
 
@@ -213,17 +247,18 @@ step gpu-kernels 170 "benchmarks/gpu_kernels.py ${kernel_args[*]}" -- \
 if ((REHEARSE)); then
     svi_args=(--max-log2-d 8 --batch 8 --rounds 1 --min-run-time 0.01 --threads 1)
 else
-    svi_args=(--max-log2-d 12 --rounds 1 --min-run-time 0.2)
+    svi_args=(--max-log2-d 10 --rounds 1 --min-run-time 0.1)  # 83 s on an H200, compilation included
 fi
+if [[ -n "${GPU_CHECK_SVI_ARGS:-}" ]]; then read -r -a svi_args <<<"$GPU_CHECK_SVI_ARGS"; fi
 step svi-step 110 "benchmarks/svi_step.py --device $DEVICE ${svi_args[*]}" -- \
     "$PYTHON" benchmarks/svi_step.py --device "$DEVICE" "${svi_args[@]}" --out "$RESULTS"
 
 # --- a training run end to end, then the same on the CPU
 steps=$( ((REHEARSE)) && echo 20 || echo 1000)
-uci_args=(--dataset diabetes --methods mfg,whvi --splits 0 --steps "$steps" --samples 16 --checkpoint-every 0)
+uci_args=(--dataset diabetes --methods mfg,whvi --splits 0 --steps "$steps" --samples 16)
 step uci 60 "whvi uci --device $DEVICE ${uci_args[*]}" -- whvi uci --device "$DEVICE" "${uci_args[@]}" \
     --out "$RESULTS/uci_$DEVICE"
-step uci-cpu 45 "the same on the CPU" -- whvi uci --device cpu "${uci_args[@]}" --out "$RESULTS/uci_cpu_baseline"
+step uci-cpu 75 "the same on the CPU" -- whvi uci --device cpu "${uci_args[@]}" --out "$RESULTS/uci_cpu_baseline"
 
 # --- what comes back: at most 8 files in $OUT
 echo "total $(($(date +%s) - START)) s; every step passed: $( ((FAILED)) && echo no || echo yes)" >>"$SUMMARY"

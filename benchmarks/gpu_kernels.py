@@ -11,6 +11,7 @@ For D = 2^4 ... 2^15, float32, bfloat16 and float16, on one CUDA device, one run
   forward and 4 forward + backward; ``whvi_matvec`` 3 and 10 (the backward writes four per-row products);
   ``fastfood`` 2 and 4; ``whvi_design`` n D^2 + n D and 3 n D^2 + 2 n D) over the copy's bandwidth give the
   op's floor; the table gives the op's GB/s and its time as a fraction of that floor (1.0: at the copy's speed);
+* ``fwht_`` in place on a buffer of the same rows (the same bytes as the out-of-place call, no output allocated);
 * the pure-PyTorch reference (``pyro_whvi.ops.reference``) on the same inputs, forward and forward + backward;
 * a dense ``x @ W.T`` with a ``D x D`` weight (cuBLAS; D <= ``--dense-max-log2-d``, default 13: at 2^15 the
   weight alone is 4 GB and one step ~0.5 s), forward and forward + backward, beside the row ops;
@@ -266,6 +267,11 @@ def measure(
                     row[f"{part}_GBps"] = moved / milliseconds / 1e6
                     row[f"{part}_of_copy_floor"] = (moved / (row["copy_GBps"] * 1e6)) / milliseconds
                     row[f"reference_{part}_ms"] = _time(min_run_time, device, fn, case.reference)
+                if op == "fwht":  # in place on the same buffer: orthonormal, so its values stay of one scale
+                    buffer = case.leaves[0].detach().clone()
+                    row["inplace_ms"] = _time(min_run_time, device, ops.fwht_, buffer)
+                    row["inplace_of_copy_floor"] = row["copy_ms"] / row["inplace_ms"]
+                    del buffer
                 if op in ("fwht", "whvi_matvec") and size <= dense_max:
                     x = case.leaves[0].detach().requires_grad_(True)
                     weight = torch.randn(size, size, device=device, dtype=dtype, requires_grad=True)
@@ -301,8 +307,9 @@ def markdown(rows: list[dict[str, Any]], where: str) -> str:
         "floor (1.0: the copy's speed)",
         "",
         "| op | D | dtype | N | ok | max error | copy ms (GB/s) | fwd ms (GB/s, of floor) "
-        "| fwd+bwd ms (GB/s, of floor) | reference fwd / fwd+bwd | dense fwd / fwd+bwd | Dao fwd / fwd+bwd | kernels |",
-        "|" + "---|" * 13,
+        "| fwd+bwd ms (GB/s, of floor) | in place ms (of floor) | reference fwd / fwd+bwd | dense fwd / fwd+bwd "
+        "| Dao fwd / fwd+bwd | kernels |",
+        "|" + "---|" * 14,
     ]
     for r in rows:
         error = max(v for k, v in r.items() if k.startswith("error_"))
@@ -311,6 +318,7 @@ def markdown(rows: list[dict[str, Any]], where: str) -> str:
             f"{r['copy_ms']:.4f} ({r['copy_GBps']:.0f}) | "
             f"{r['fwd_ms']:.4f} ({r['fwd_GBps']:.0f}, {r['fwd_of_copy_floor']:.2f}) | "
             f"{r['fwdbwd_ms']:.4f} ({r['fwdbwd_GBps']:.0f}, {r['fwdbwd_of_copy_floor']:.2f}) | "
+            f"{r.get('inplace_ms', nan):.4f} ({r.get('inplace_of_copy_floor', nan):.2f}) | "
             f"{r['reference_fwd_ms']:.4f} / {r['reference_fwdbwd_ms']:.4f} | "
             f"{r.get('dense_fwd_ms', nan):.4f} / {r.get('dense_fwdbwd_ms', nan):.4f} | "
             f"{r.get('dao_fwd_ms', nan):.4f} / {r.get('dao_fwdbwd_ms', nan):.4f} | {r['kernels'] or '-'} |"

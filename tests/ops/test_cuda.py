@@ -162,3 +162,41 @@ def test_every_op_on_the_device_matches_the_float64_reference(op, size, dtype):
         assert got.device.type == DEVICE and got.shape == want.shape
         error = _relative_error(got, want)
         assert error <= GRAD_TOLERANCE[dtype], (op, size, dtype, f"gradient {index}", error)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("size", SWEEP_SIZES)
+@pytest.mark.parametrize("normalized", [True, False])
+def test_fwht_in_place_and_into_out_on_the_device_match_the_float64_reference(normalized, size, dtype):
+    generator = torch.Generator().manual_seed(size)
+    x = torch.randn(5, 2 * size, generator=generator, dtype=torch.float64).to(dtype)
+    expected = reference.fwht(x[:, ::2].double(), normalized)  # a strided view: the in-place path's copy
+    tolerance = TOLERANCE[dtype] * (1 if normalized else size**0.5)
+    device_x = x.to(DEVICE)
+
+    out = torch.full((5, size), float("nan"), device=DEVICE, dtype=dtype)  # poisoned: every entry must be written
+    returned = ops.fwht(device_x[:, ::2], normalized, out=out)
+    assert returned is out
+    assert _relative_error(out, expected) <= tolerance, ("out=", size, dtype)
+
+    contiguous = device_x[:, ::2].contiguous()
+    pointer = contiguous.data_ptr()
+    assert ops.fwht_(contiguous, normalized) is contiguous and contiguous.data_ptr() == pointer
+    assert _relative_error(contiguous, expected) <= tolerance, ("fwht_", size, dtype)
+    strided = device_x[:, ::2]
+    ops.fwht_(strided, normalized)
+    assert _relative_error(device_x[:, ::2], expected) <= tolerance, ("fwht_ on a strided view", size, dtype)
+    assert torch.equal(device_x[:, 1::2], x[:, 1::2].to(DEVICE)), "fwht_ wrote outside its view"
+
+
+def test_fwht_in_place_autograd_on_the_device_follows_torch():
+    leaf = torch.randn(3, 64, device=DEVICE, dtype=torch.float64, requires_grad=True)
+    intermediate = leaf * 2
+    ops.fwht_(intermediate)
+    grad = torch.randn(3, 64, device=DEVICE, dtype=torch.float64)
+    (actual,) = torch.autograd.grad(intermediate, leaf, grad)
+    torch.testing.assert_close(actual.cpu(), 2 * reference.fwht(grad.cpu()), rtol=1e-12, atol=1e-12)
+    with pytest.raises(RuntimeError, match="leaf"):
+        ops.fwht_(leaf)
+    with torch.no_grad():
+        ops.fwht_(leaf)
