@@ -27,7 +27,16 @@ __all__ = ["check_demo_memory", "check_gp_memory", "check_synthetic_memory", "ch
 def check_uci_memory(config: UCIConfig, sizes: SplitSizes, available: int | None = None) -> None:
     """:func:`check_memory` for ``whvi uci``: the costliest method of ``config`` on the largest split ``sizes``
     (:func:`~pyro_whvi.experiments.uci_data.check_source`), in the default dtype; a deep ensemble (``ensemble``)
-    holds :data:`~pyro_whvi.experiments.memory_budget.ENSEMBLE_SIZE` networks, one training at a time."""
+    holds :data:`~pyro_whvi.experiments.memory_budget.ENSEMBLE_SIZE` networks, one training at a time. With
+    ``config.protocols``, every candidate network and schedule is checked."""
+    settings = [candidate for _, candidate in config.candidates()] if config.protocols else [config]
+    for each in settings:
+        _check_uci_memory(each, sizes, available, validation_rows=config.choosing, val_fraction=config.val_fraction)
+
+
+def _check_uci_memory(
+    config: UCIConfig, sizes: SplitSizes, available: int | None, *, validation_rows: bool, val_fraction: float
+) -> None:
     import torch
 
     flags = {
@@ -43,7 +52,7 @@ def check_uci_memory(config: UCIConfig, sizes: SplitSizes, available: int | None
         flags["--flows"] = config.flows
     if "vsd" in bases:
         flags["--reflections"] = config.reflections
-    rows = max(sizes.test, math.ceil(config.val_fraction * sizes.train) if len(config.kl_weights) > 1 else 0)
+    rows = max(sizes.test, math.ceil(val_fraction * sizes.train) if validation_rows else 0)
     heads = 2 if "ensemble" in bases else 1  # a member's mean-variance head: two outputs a target (an upper bound)
 
     def estimate(values: Mapping[str, int]) -> float:

@@ -61,7 +61,7 @@ from .uci_report import evaluate, plot_reliability, summarize, summary_table, wi
 from .uci_train import (
     TrainedSplit,
     check_validation,
-    choose_kl_weight,
+    choose_settings,
     predict_split,
     read_saved,
     train_split,
@@ -76,7 +76,7 @@ __all__ = [
     "UCIData",
     "check_source",
     "check_validation",
-    "choose_kl_weight",
+    "choose_settings",
     "data_key",
     "dataset_name",
     "load_dataset_split",
@@ -101,21 +101,29 @@ def run_split(
     """Train ``spec`` on split ``split`` (:func:`train_split`); return its row of metrics and, for
     classification, the reliability diagram's bins (``{"reliability": [confidence, accuracy, count]}``).
 
-    With several ``config.kl_weights`` the weight is chosen first (:func:`choose_kl_weight`, its scores kept in
-    ``selection_store``; ``checkpoint`` is then kept per chosen weight); the row names the weight (``kl_weight``),
-    every candidate's validation score and the seconds the candidates took (counted in ``train_seconds``).
+    With several candidates (``config.kl_weights``, ``config.protocols``) the settings are chosen first
+    (:func:`choose_settings`, its scores kept in ``selection_store``; ``checkpoint`` is then kept per choice); the
+    row names the choice (``kl_weight``, and ``protocol`` with its ``hidden``, ``layers``, ``steps`` and ``lr``
+    where there are protocols), every candidate's validation score and the seconds the candidates took (counted in
+    ``train_seconds``).
     In a process group every rank trains its shard and only rank 0 evaluates (the others return ``({}, {})``).
     """
     chosen: dict[str, Any] = {}
-    kl_weight = config.kl_weights[0]
+    settings, label = config, ""
     if data is None:  # loaded once and passed down (whvi uci loads each split once for all its methods)
         data = load_dataset_split(source, split, standardize_targets=config.standardize_targets)
-    if len(config.kl_weights) > 1:
-        kl_weight, scores, seconds = choose_kl_weight(source, spec, split, config, selection_store, data)
-        chosen = {"kl_weight": kl_weight, "validation_scores": scores, "selection_seconds": seconds}
+    if config.choosing:
+        label, settings, scores, seconds = choose_settings(source, spec, split, config, selection_store, data)
+        chosen = {"kl_weight": settings.kl_weight, "validation_scores": scores, "selection_seconds": seconds}
+        if config.protocols:
+            protocol = label.split(":")[0]
+            chosen["protocol"] = protocol
+            (settings_of,) = (p for p in config.protocols if p["name"] == protocol)
+            chosen.update({key: value for key, value in settings_of.items() if key != "name"})
         if checkpoint is not None:  # a run begun with another choice is not resumed with this one
-            checkpoint = replace(checkpoint, key=f"{checkpoint.key}:kl{kl_weight!r}")
-    trained = train_split(source, spec, split, config, checkpoint, kl_weight=kl_weight, data=data)
+            choice = f"kl{settings.kl_weight!r}" if not config.protocols else label
+            checkpoint = replace(checkpoint, key=f"{checkpoint.key}:{choice}")
+    trained = train_split(source, spec, split, settings, checkpoint, data=data, candidate=label)
     if distributed.rank() != 0:
         return {}, {}
     data, guide, losses = trained.data, trained.guide, trained.losses
@@ -183,6 +191,11 @@ def run_uci(
         return _run_jobs(source, config, out)
 
 
+def _choice(row: dict[str, Any], config: UCIConfig) -> str:
+    weight = f"{row['kl_weight']:g}" if len(config.kl_weights) > 1 else ""
+    return " ".join(filter(None, [row.get("protocol", "") if config.protocols else "", weight]))
+
+
 def _run_jobs(source: str | Path, config: UCIConfig, out: Path) -> tuple[list[dict[str, Any]], str]:
     leader = distributed.rank() == 0
     name = dataset_name(source)
@@ -222,9 +235,10 @@ def _run_jobs(source: str | Path, config: UCIConfig, out: Path) -> tuple[list[di
         rows = [with_floor(row, sigma) for row in rows]
     summary = summarize(rows, config.methods)
     text = summary_table(name, summary, config)
-    if len(config.kl_weights) > 1:
-        text += "\n\nKL weight chosen per split on validation: " + "; ".join(
-            f"{method}: " + ", ".join(f"{row['kl_weight']:g}" for row in rows if row["method"] == method)
+    if config.choosing:
+        what = " and ".join(["protocol"] * bool(config.protocols) + ["KL weight"] * (len(config.kl_weights) > 1))
+        text += f"\n\n{what[0].upper()}{what[1:]} chosen per split on validation: " + "; ".join(
+            f"{method}: " + ", ".join(_choice(row, config) for row in rows if row["method"] == method)
             for method in config.methods
         )
     if sigma is not None:

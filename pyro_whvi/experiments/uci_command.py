@@ -40,6 +40,18 @@ def _kl_weights(text: str) -> float | tuple[float, ...]:
     return weights if len(weights) > 1 else weights[0]
 
 
+def _protocols(text: str) -> tuple[str, ...]:
+    from .uci_config import UCI_PROTOCOLS
+
+    names = tuple(dict.fromkeys(part.strip() for part in text.split(",")))
+    unknown = [name for name in names if name not in UCI_PROTOCOLS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"choose from {', '.join(UCI_PROTOCOLS)}, or several separated by commas (e.g. table3,wide), got {text!r}"
+        )
+    return names
+
+
 def add_uci_command(commands) -> None:
     from .methods import BASE_METHODS, ENSEMBLE, METHODS, Schedule
     from .uci import BUNDLED_DATASETS, UCIConfig
@@ -90,10 +102,13 @@ def add_uci_command(commands) -> None:
     protocol = uci.add_mutually_exclusive_group()
     protocol.add_argument(
         "--protocol",
-        choices=tuple(UCI_PROTOCOLS),
+        type=_protocols,
+        metavar="{" + ",".join(UCI_PROTOCOLS) + "}[,...]",
         help="table3 (the default): the WHVI paper's Table 3, 2x128, lr 1e-3, 50,500 steps; table6: its Table 6 / "
         "App. D.2, 1x50 (1x100 for protein), the same schedule; wide: 2x1024, lr 3e-3, 50,500 steps. --hidden, "
-        "--layers, --steps and --lr override the protocol",
+        "--layers, --steps and --lr override the protocol. Several, e.g. table3,wide: each split chooses one on a "
+        "--val-fraction of its training rows (every candidate trained there, with every --kl-weight), then trains "
+        "with it; the table names the choices",
     )
     # The name of earlier releases, kept for one release: the same choices, with a notice on stderr.
     protocol.add_argument("--preset", choices=tuple(UCI_PROTOCOLS), dest="preset", help=argparse.SUPPRESS)
@@ -124,7 +139,7 @@ def add_uci_command(commands) -> None:
         "--val-fraction",
         type=positive_float,
         default=defaults.val_fraction,
-        help=f"part of each split's training rows that chooses among several --kl-weight (default "
+        help=f"part of each split's training rows that chooses among several --kl-weight or --protocol (default "
         f"{defaults.val_fraction})",
     )
     uci.add_argument("--samples", type=samples, default=defaults.samples, help="test-time posterior samples")
@@ -192,7 +207,7 @@ def _config_from_arguments(args: argparse.Namespace, dataset: str):
     values["samples"] = max(2, args.samples)
     names = {field.name for field in fields(UCIConfig)} - {"schedule", "hidden", "layers", "progress"}
     settings = {name: value for name, value in values.items() if name in names}
-    protocol = args.protocol or args.preset or "table3"
+    protocol = args.protocol or ((args.preset,) if args.preset else ("table3",))
     return UCIConfig.from_protocol(
         protocol, dataset, **{name: values[name] for name in _PROTOCOL_ARGUMENTS}, **settings
     )

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
 
 from ..train.schedule import shard_size
 from .methods import Schedule, parse_method
@@ -62,7 +63,8 @@ ENGINE_VERSION = 2
 _NOT_FINGERPRINTED = ("methods", "splits", "checkpoint_every", "progress")
 # Settings added after results were stored, with the value every earlier run had: at that value they stay out of
 # the fingerprint, so that those results remain valid.
-_LATER_SETTINGS = {"standardize_targets": True, "kl_weight": 1.0, "device": "cpu"}
+_LATER_SETTINGS = {"standardize_targets": True, "kl_weight": 1.0, "device": "cpu", "protocols": ()}
+_PROTOCOL_KEYS = ("name", "layers", "hidden", "steps", "lr")
 _LATER_SCHEDULE_SETTINGS = {"cooldown": 0.0}
 
 
@@ -90,6 +92,12 @@ class UCIConfig:
     its training rows with it, as the VSD paper chooses its temperature by cross-validation (§4, App. I.2).
     ``val_fraction`` is read only then; the choice needs ``nproc`` 1.
 
+    ``protocols``: candidate networks and schedules (each ``{"name", "layers", "hidden", "steps", "lr"}``, as
+    :meth:`from_protocol` makes them from ``whvi uci --protocol table3,wide``), chosen per split the same way,
+    jointly with the KL weights (every pair is a candidate); ``hidden``, ``layers`` and the schedule's steps and
+    learning rate are then the candidates', the rest of the schedule is shared. Empty (the default): this
+    config's own network and schedule.
+
     ``device``: where the model, the data and the training go (``"cpu"``, the default, or ``"cuda"``);
     predictions and metrics come back to the CPU. It enters the fingerprint only when it is not ``"cpu"``
     (CUDA draws other random numbers and sums in another order, so a CUDA run does not reuse a CPU run's
@@ -115,6 +123,7 @@ class UCIConfig:
     checkpoint_every: int = 1000
     progress: bool = True
     device: str = "cpu"
+    protocols: tuple[dict[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
         # Each method and split once: a repeated one would be read back and counted as another split.
@@ -133,11 +142,22 @@ class UCIConfig:
             raise ValueError(f"UCIConfig: kl_weight > 0 expected (1 is the ELBO), got {self.kl_weight!r}.")
         weights = tuple(dict.fromkeys(float(weight) for weight in weights))
         object.__setattr__(self, "kl_weight", weights if len(weights) > 1 else weights[0])  # one: a number, as stored
-        if len(self.kl_weights) > 1 and not 0 < self.val_fraction < 1:
+        object.__setattr__(self, "protocols", tuple(dict(protocol) for protocol in self.protocols))
+        for protocol in self.protocols:
+            if tuple(sorted(protocol)) != tuple(sorted(_PROTOCOL_KEYS)):
+                raise ValueError(f"UCIConfig: each protocol needs exactly the keys {_PROTOCOL_KEYS}, got {protocol}.")
+            if protocol["hidden"] < 1 or protocol["layers"] < 0 or protocol["steps"] < 1 or protocol["lr"] <= 0:
+                raise ValueError(
+                    f"UCIConfig: protocol {protocol['name']!r} needs hidden, steps >= 1, layers >= 0 and lr > 0."
+                )
+        if len({protocol["name"] for protocol in self.protocols}) < len(self.protocols):
+            raise ValueError(f"UCIConfig: protocol names must differ, got {[p['name'] for p in self.protocols]}.")
+        if self.choosing and not 0 < self.val_fraction < 1:
             raise ValueError(f"UCIConfig: val_fraction in (0, 1) expected, got {self.val_fraction!r}.")
-        if len(self.kl_weights) > 1 and self.nproc > 1:
+        if self.choosing and self.nproc > 1:
             raise ValueError(
-                "UCIConfig: choosing among several KL weights runs in one process; give nproc 1, or one kl_weight."
+                "UCIConfig: choosing among several KL weights or protocols runs in one process; give nproc 1, or one "
+                "candidate."
             )
         if self.device not in DEVICES:
             raise ValueError(f"UCIConfig: device must be one of {', '.join(DEVICES)}, got {self.device!r}.")
@@ -158,10 +178,35 @@ class UCIConfig:
         """The KL weight, or the candidates chosen from on validation (``kl_weight`` as a tuple)."""
         return tuple(self.kl_weight) if isinstance(self.kl_weight, (tuple, list)) else (self.kl_weight,)
 
+    @property
+    def choosing(self) -> bool:
+        """Whether each split chooses its settings on held-out training rows (several candidates)."""
+        return len(self.kl_weights) * max(1, len(self.protocols)) > 1
+
+    def candidates(self) -> list[tuple[str, UCIConfig]]:
+        """``(label, settings)`` of every candidate: one KL weight each, and a protocol's network and schedule
+        where there are ``protocols``. The label keys the validation scores: the weight's ``repr`` without
+        protocols, else the protocol's name, followed by ``:kl`` and the weight's ``repr`` when several weights."""
+        protocols = self.protocols or (None,)
+        several_weights = len(self.kl_weights) > 1
+        result = []
+        for protocol in protocols:
+            for weight in self.kl_weights:
+                settings = replace(self, kl_weight=weight, protocols=())
+                if protocol is None:
+                    label = repr(weight)
+                else:
+                    schedule = replace(self.schedule, steps=protocol["steps"], lr=protocol["lr"])
+                    network = {"hidden": protocol["hidden"], "layers": protocol["layers"]}
+                    settings = replace(settings, **network, schedule=schedule)
+                    label = protocol["name"] + (f":kl{weight!r}" if several_weights else "")
+                result.append((label, settings))
+        return result
+
     @classmethod
     def from_protocol(
         cls,
-        name: str,
+        name: str | tuple[str, ...],
         dataset: str,
         *,
         layers: int | None = None,
@@ -175,8 +220,14 @@ class UCIConfig:
     ) -> UCIConfig:
         """The settings of ``whvi uci --protocol name`` on ``dataset`` (a folder or bundled set's name):
         :func:`protocol_settings` with the overrides that are not ``None``, the rest of the schedule, and any
-        other field of :class:`UCIConfig` as a keyword."""
-        protocol = protocol_settings(name, dataset, layers=layers, hidden=hidden, steps=steps, lr=lr)
+        other field of :class:`UCIConfig` as a keyword. Several names (a tuple) are candidates chosen per split
+        (``protocols``), the overrides applied to each; the config's own network and schedule are the first's."""
+        names = (name,) if isinstance(name, str) else tuple(dict.fromkeys(name))
+        overrides = {"layers": layers, "hidden": hidden, "steps": steps, "lr": lr}
+        candidates = [{"name": each, **protocol_settings(each, dataset, **overrides)} for each in names]
+        if len(candidates) > 1:
+            fields["protocols"] = tuple(candidates)
+        protocol = candidates[0]
         schedule = Schedule(
             steps=protocol["steps"],
             fixed_noise_steps=fixed_noise_steps,
@@ -190,7 +241,7 @@ class UCIConfig:
         """A short hash of everything that changes the result of ``method`` on one split: the settings
         and ``data``, a key of the split's data (:func:`data_key`)."""
         settings = asdict(self)
-        if len(self.kl_weights) == 1:  # read only when choosing among several
+        if not self.choosing:  # read only when choosing among several candidates
             del settings["val_fraction"]
         settings = {k: v for k, v in settings.items() if k not in _NOT_FINGERPRINTED}
         settings = _without_later_defaults(settings, _LATER_SETTINGS)

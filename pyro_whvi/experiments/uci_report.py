@@ -88,16 +88,23 @@ def summary_table(name: str, summary: list[dict[str, Any]], config: UCIConfig) -
     targets = ", raw targets" if "rmse" in metrics and not config.standardize_targets else ""
     weights = config.kl_weights
     tempered = f", KL weight {weights[0]:g} (tempered)" if weights != (1.0,) else ""
+    held_out = f"on {config.val_fraction * 100:g}% of each split's training rows"
     if len(weights) > 1:
         candidates = ", ".join(f"{weight:g}" for weight in weights)
-        tempered = (
-            f", KL weight chosen from {candidates} on {config.val_fraction * 100:g}% of each split's training rows"
-        )
+        tempered = f", KL weight chosen from {candidates} {held_out}"
     cooldown = f" cooled down over the last {schedule.cooldown * 100:g}% of steps" if schedule.cooldown else ""
     device = f", trained on {config.device}" if config.device != "cpu" else ""
+    network = f"{config.layers}x{config.hidden} ReLU, {schedule.steps} steps{noise}, batch {schedule.batch_size}, "
+    network += f"lr {schedule.lr:g}"
+    if config.protocols:
+        choices = ", ".join(
+            f"{p['name']} ({p['layers']}x{p['hidden']}, {p['steps']} steps, lr {p['lr']:g})" for p in config.protocols
+        )
+        network = f"ReLU, protocol chosen per split from {choices} {held_out}; noise fixed for the first {fixed} steps"
+        network = network if noise else network.split(";")[0]
+        network += f", batch {schedule.batch_size}"
     lines = [
-        f"### {name}: {config.layers}x{config.hidden} ReLU, {schedule.steps} steps{noise}, batch "
-        f"{schedule.batch_size}, lr {schedule.lr:g}{cooldown}, {config.samples} test samples{targets}{tempered}"
+        f"### {name}: {network}{cooldown}, {config.samples} test samples{targets}{tempered}"
         f"{device}; mean ± standard error over splits",
         "",
         "| method | splits | variational params | "

@@ -1,6 +1,6 @@
 """Training one split of ``whvi uci``: :func:`train_split` (a method on a split's training rows, seeded), its
-predictions (:func:`predict_split`), and the choice among several KL weights on held-out training rows
-(:func:`choose_kl_weight`, through the library's one selection path,
+predictions (:func:`predict_split`), and the choice among several KL weights or protocols on held-out training
+rows (:func:`choose_settings`, through the library's one selection path,
 :func:`~pyro_whvi.train.selection.select_best`). :mod:`~pyro_whvi.experiments.uci` runs the splits.
 """
 
@@ -29,7 +29,7 @@ from .uci_report import evaluate
 __all__ = [
     "TrainedSplit",
     "check_validation",
-    "choose_kl_weight",
+    "choose_settings",
     "predict_split",
     "read_saved",
     "train_split",
@@ -59,19 +59,27 @@ def train_split(
     kl_weight: float | None = None,
     data: UCIData | None = None,
     validation: bool = False,
+    candidate: str = "",
 ) -> TrainedSplit:
     """Build ``spec``'s network for split ``split`` (seeded with ``config.seed + split``) and train it on
     the split's training data (in every rank of a process group: each its shard).
 
     :param kl_weight: the KL term's weight; default ``config.kl_weight``, which must then be a single one.
     :param data: the split as loaded by the caller, or a part of it to train on instead (a validation holdout's
-        fit part, :func:`choose_kl_weight`); default: the split, loaded here.
-    :param validation: ``data`` is such a fit part (the progress bar says so)."""
+        fit part, :func:`choose_settings`); default: the split, loaded here.
+    :param validation: ``data`` is such a fit part (the progress bar says so).
+    :param candidate: the label of the candidate these settings are (:meth:`UCIConfig.candidates`), for the
+        progress bar."""
+    if config.protocols:
+        raise ValueError(
+            f"train_split: config.protocols holds {len(config.protocols)} candidates; pass the settings of one "
+            "(config.candidates(); choose_settings chooses one)"
+        )
     if kl_weight is None:
         if len(config.kl_weights) > 1:
             raise ValueError(
                 f"train_split: config.kl_weight holds {len(config.kl_weights)} candidates; pass the one to train "
-                "with as kl_weight (choose_kl_weight chooses one)"
+                "with as kl_weight (choose_settings chooses one)"
             )
         kl_weight = config.kl_weights[0]
     if data is None:
@@ -92,8 +100,8 @@ def train_split(
     model.to(config.device)  # its priors follow (the guide's parameters are made on the model's device)
     start = time.perf_counter()
     label = f"{dataset_name(source)} {spec.name} split {split}"
-    if len(config.kl_weights) > 1:
-        label += f" KL {kl_weight:g}" + (" (validation)" if validation else "")
+    if candidate:
+        label += f" {_shown(candidate)}" + (" (validation)" if validation else "")
     losses = fit(
         spec,
         model,
@@ -145,30 +153,31 @@ def validation_part(data: UCIData, fraction: float, seed: int) -> UCIData:
 
 
 def check_validation(source: str | Path, config: UCIConfig) -> None:
-    """A ``ValueError`` before any training when ``config`` chooses among KL weights and its ``val_fraction``
+    """A ``ValueError`` before any training when ``config`` chooses among candidates and its ``val_fraction``
     leaves a split too few rows to train on or to validate on (:func:`validation_part`)."""
-    if len(config.kl_weights) > 1:
+    if config.choosing:
         for split in config.splits:
             data = load_dataset_split(source, split, standardize_targets=config.standardize_targets)
             validation_part(data, config.val_fraction, config.seed + split)
 
 
-def choose_kl_weight(
+def choose_settings(
     source: str | Path,
     spec: MethodSpec,
     split: int,
     config: UCIConfig,
     store: Path | None = None,
     data: UCIData | None = None,
-) -> tuple[float, dict[str, float], float]:
-    """Train ``spec`` with each of ``config.kl_weights`` on the fit part of split ``split``'s training rows
-    (:func:`validation_part`) and score it on the rest: test MNLL for regression, NLL for classification.
+) -> tuple[str, UCIConfig, dict[str, float], float]:
+    """Train ``spec`` with each of ``config``'s candidates (:meth:`UCIConfig.candidates`: KL weights, protocols)
+    on the fit part of split ``split``'s training rows (:func:`validation_part`) and score it on the rest: test
+    MNLL for regression, NLL for classification.
 
     :param store: a JSON file that keeps each finished candidate's score and seconds (and, while it trains, a
         checkpoint next to it), so that a rerun with the same settings does not train it again.
     :param data: the split, when the caller has loaded it (:func:`run_split` loads it once and passes it down).
-    :returns: the weight with the lowest score (ties: the first given; a NaN score never wins), every
-        candidate's score by ``repr(weight)``, and the seconds their training took.
+    :returns: the best candidate's label and settings (the lowest score; ties: the first given; a NaN score
+        never wins), every candidate's score by label, and the seconds their training took.
     """
     if data is None:
         data = load_dataset_split(source, split, standardize_targets=config.standardize_targets)
@@ -179,26 +188,40 @@ def choose_kl_weight(
         saved = {"fingerprint": fingerprint, "scores": {}, "seconds": {}}
     scores, seconds = saved["scores"], saved.setdefault("seconds", {})
     metric = "mnll" if data.task == "regression" else "nll"
+    candidates = config.candidates()
 
-    def fit(weight: float) -> tuple[float]:
-        name = repr(weight)
-        if name not in scores:  # a rerun with the same settings reads the finished candidates back
+    def fit(candidate: tuple[str, UCIConfig]) -> tuple[float]:
+        label, settings = candidate
+        if label not in scores:  # a rerun with the same settings reads the finished candidates back
             checkpoint = None
             if store is not None and config.checkpoint_every:
-                checkpoint = Checkpoint(store.with_suffix(f".kl{name}.ckpt"), config.checkpoint_every, fingerprint)
-            trained = train_split(source, spec, split, config, checkpoint, kl_weight=weight, data=part, validation=True)
-            f, noise = predict_split(trained, part.x_test, config)
-            scores[name], seconds[name] = evaluate(part, f, noise)[metric], trained.seconds
+                path = store.with_suffix(f".{_file_label(label)}.ckpt")
+                checkpoint = Checkpoint(path, config.checkpoint_every, fingerprint)
+            trained = train_split(
+                source, spec, split, settings, checkpoint, data=part, validation=True, candidate=label
+            )
+            f, noise = predict_split(trained, part.x_test, settings)
+            scores[label], seconds[label] = evaluate(part, f, noise)[metric], trained.seconds
             if store is not None:
                 write_atomic(store, json.dumps(saved, indent=2))
                 if checkpoint is not None:
                     remove_checkpoints(checkpoint.path)  # and an ensemble's members'
-        return (scores[name],)
+        return (scores[label],)
 
-    # Lower MNLL/NLL is better: select_best maximizes the negated score (ties: the first weight given).
-    _, best, *_ = select_best(config.kl_weights, fit, score=lambda result: -result[0])
-    names = [repr(weight) for weight in config.kl_weights]
-    return best, {name: scores[name] for name in names}, sum(seconds.get(name, 0.0) for name in names)
+    # Lower MNLL/NLL is better: select_best maximizes the negated score (ties: the first candidate given).
+    _, (label, settings), *_ = select_best(candidates, fit, score=lambda result: -result[0])
+    labels = [each for each, _ in candidates]
+    return label, settings, {each: scores[each] for each in labels}, sum(seconds.get(each, 0.0) for each in labels)
+
+
+def _file_label(label: str) -> str:
+    """A candidate's label in a file name: a KL weight alone as ``kl<repr>`` (the name stored runs used)."""
+    return label if not label[:1].isdigit() else f"kl{label}"
+
+
+def _shown(label: str) -> str:
+    """A candidate's label on a progress bar: ``KL 0.1`` for a weight alone, else the protocol's label."""
+    return f"KL {float(label):g}" if label[:1].isdigit() else label
 
 
 def read_saved(path: Path, content: str = "row") -> dict[str, Any]:

@@ -205,8 +205,11 @@ def test_several_kl_weights_are_chosen_on_validation_rows_then_trained_on_all(tm
         expected[repr(weight)] = evaluate(part, f, trained.model.noise_scale.detach())["mnll"]
     assert abs(expected["1.0"] - expected["0.01"]) > 1e-3  # the weight matters here: the choice is not a tie
     store = tmp_path / "split0.validation.json"
-    best, scores, _ = uci.choose_kl_weight("diabetes", mfg, 0, config, store)
-    assert scores == pytest.approx(expected, rel=1e-6) and repr(best) == min(expected, key=expected.__getitem__)
+    label, settings, scores, _ = uci.choose_settings("diabetes", mfg, 0, config, store)
+    best = settings.kl_weight
+    assert scores == pytest.approx(expected, rel=1e-6)
+    assert label == repr(best) == min(expected, key=expected.__getitem__)
+    assert settings == replace(config, kl_weight=best)
     # The stored scores decide without training: the lowest wins, a NaN never.
     monkeypatch.setattr(uci_train, "train_split", lambda *args, **kwargs: pytest.fail("trained a finished candidate"))
     stored = json.loads(store.read_text())
@@ -217,7 +220,7 @@ def test_several_kl_weights_are_chosen_on_validation_rows_then_trained_on_all(tm
     ]
     for given, winner in cases:
         store.write_text(json.dumps({**stored, "scores": given}))
-        assert uci.choose_kl_weight("diabetes", mfg, 0, config, store)[0] == winner
+        assert uci.choose_settings("diabetes", mfg, 0, config, store)[1].kl_weight == winner
     monkeypatch.undo()
     with pytest.raises(ValueError, match="pass the one to train with as kl_weight"):
         uci.train_split("diabetes", mfg, 0, config)
@@ -233,7 +236,7 @@ def test_several_kl_weights_are_chosen_on_validation_rows_then_trained_on_all(tm
     assert f"KL weight chosen per split on validation: mfg: {best:g}" in text
     # A chosen weight that is not the first is the one the split trains with.
     other = 1.0 if best == 0.01 else 0.01
-    monkeypatch.setattr(uci, "choose_kl_weight", lambda *args: (other, {}, 0.0))
+    monkeypatch.setattr(uci, "choose_settings", lambda *args: (repr(other), replace(config, kl_weight=other), {}, 0.0))
     row = uci.run_split("diabetes", mfg, 0, config)[0]
     assert row["kl_weight"] == other and row["final_loss"] == pytest.approx(sum(losses[other]) / 20, rel=1e-6)
     # One weight is a number, with the fingerprint it had before candidates existed; several need one process.
@@ -242,7 +245,7 @@ def test_several_kl_weights_are_chosen_on_validation_rows_then_trained_on_all(tm
     )
     assert UCIConfig(kl_weight=[1, 0.5]).kl_weight == (1.0, 0.5)  # as the results' JSON stores them
     assert config.fingerprint("mfg") != replace(config, val_fraction=0.3).fingerprint("mfg")
-    with pytest.raises(ValueError, match="give nproc 1, or one kl_weight"):
+    with pytest.raises(ValueError, match="give nproc 1, or one candidate"):
         replace(config, nproc=2)
     with pytest.raises(ValueError, match="val_fraction in"):
         replace(config, val_fraction=1.0)
@@ -257,6 +260,89 @@ def test_several_kl_weights_are_chosen_on_validation_rows_then_trained_on_all(tm
     ):
         with pytest.raises(SystemExit) as exit_code:
             main([*args, *bad])
+        assert exit_code.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_several_protocols_are_chosen_per_split_on_validation_rows(tmp_path, monkeypatch, capsys):
+    """``--protocol table6,table3``: each candidate network and schedule trains on the fit part of the split's
+    training rows and is scored on the held-out part; the best trains on all of them, and the row and the table
+    name it and every candidate's score (the same path as several KL weights, jointly with them)."""
+    from pyro_whvi.experiments import uci, uci_train
+    from pyro_whvi.experiments.cli import main
+    from pyro_whvi.experiments.uci_config import protocol_settings
+    from pyro_whvi.experiments.uci_report import evaluate
+
+    config = UCIConfig.from_protocol(
+        ("table6", "table3"), "diabetes", steps=20, fixed_noise_steps=0, batch_size=16, methods=("mfg",),
+        splits=(0,), samples=4, val_fraction=0.25, progress=False,
+    )  # fmt: skip
+    assert [p["name"] for p in config.protocols] == ["table6", "table3"] and config.choosing
+    assert (config.hidden, config.layers) == (50, 1)  # the config's own network is the first candidate's
+    candidates = dict(config.candidates())
+    assert list(candidates) == ["table6", "table3"]
+    assert (candidates["table3"].hidden, candidates["table3"].layers, candidates["table3"].protocols) == (128, 2, ())
+    assert candidates["table3"].schedule == replace(config.schedule, steps=20, lr=1e-3)
+    mfg = parse_method("mfg")
+    part = uci.validation_part(load_dataset_split("diabetes", 0), 0.25, config.seed)
+    expected = {}
+    for label, settings in candidates.items():
+        trained = uci.train_split("diabetes", mfg, 0, settings, data=part)
+        f = predictive_samples(trained.model, trained.guide, part.x_test, settings.samples)
+        expected[label] = evaluate(part, f, trained.model.noise_scale.detach())["mnll"]
+    store = tmp_path / "split0.validation.json"
+    label, settings, scores, seconds = uci.choose_settings("diabetes", mfg, 0, config, store)
+    assert scores == pytest.approx(expected, rel=1e-6) and label == min(expected, key=expected.__getitem__)
+    assert settings == candidates[label] and seconds > 0
+    # The stored scores decide without training; the one chosen, first or not, is what the split trains with.
+    monkeypatch.setattr(uci_train, "train_split", lambda *args, **kwargs: pytest.fail("trained a finished candidate"))
+    stored = json.loads(store.read_text())
+    for given, winner in (({"table6": 5.0, "table3": 3.0}, "table3"), ({"table6": 2.0, "table3": 3.0}, "table6")):
+        store.write_text(json.dumps({**stored, "scores": given}))
+        assert uci.choose_settings("diabetes", mfg, 0, config, store)[0] == winner
+    monkeypatch.undo()
+    with pytest.raises(ValueError, match=r"config\.protocols holds 2 candidates"):
+        uci.train_split("diabetes", mfg, 0, config)
+    for winner in ("table6", "table3"):
+        monkeypatch.setattr(uci, "choose_settings", lambda *args, w=winner: (w, candidates[w], {}, 0.0))
+        row = uci.run_split("diabetes", mfg, 0, config)[0]
+        trained = uci.train_split("diabetes", mfg, 0, candidates[winner])
+        assert row["protocol"] == winner and row["hidden"] == candidates[winner].hidden
+        assert row["variational_parameters"] == sum(p.numel() for p in trained.guide.parameters())
+        assert row["final_loss"] == pytest.approx(sum(trained.losses) / 20, rel=1e-6)
+    monkeypatch.undo()
+    run_uci("diabetes", config, tmp_path / "run")
+    saved = json.loads((tmp_path / "run" / "runs" / "diabetes" / "mfg" / "split0.json").read_text())["row"]
+    assert saved["protocol"] == label and saved["validation_scores"] == pytest.approx(scores, rel=1e-6)
+    assert {k: saved[k] for k in ("layers", "hidden", "steps", "lr")} == {
+        **protocol_settings(label, "diabetes"),
+        "steps": 20,
+    }
+    text = (tmp_path / "run" / "uci_diabetes.md").read_text()
+    assert (
+        "protocol chosen per split from table6 (1x50, 20 steps, lr 0.001), table3 (2x128, 20 steps, lr 0.001) on "
+        "25% of each split's training rows" in text
+    )
+    assert f"Protocol chosen per split on validation: mfg: {label}" in text
+    # Several KL weights too: every (protocol, weight) pair is a candidate.
+    both = replace(config, kl_weight=(1.0, 0.1))
+    assert [each for each, _ in both.candidates()] == ["table6:kl1.0", "table6:kl0.1", "table3:kl1.0", "table3:kl0.1"]
+    # Candidates enter the fingerprint; one protocol is the plain config, fingerprint included.
+    plain = UCIConfig.from_protocol(("table3",), "diabetes")
+    assert plain.protocols == () and plain == UCIConfig.from_protocol("table3", "diabetes")
+    assert replace(plain, schedule=UCIConfig().schedule).fingerprint("whvi", "k") == "d1942b1a6ea48c04"
+    assert config.fingerprint("mfg") != replace(config, protocols=()).fingerprint("mfg")
+    with pytest.raises(ValueError, match="give nproc 1, or one candidate"):
+        replace(config, nproc=2)
+    args = ["uci", "--dataset", "diabetes", "--methods", "mfg", "--splits", "0", "--samples", "4"]
+    assert main([*args, "--protocol", "table6,table3", "--steps", "3", "--out", str(tmp_path / "cli")]) == 0
+    assert "protocol chosen per split from table6" in (tmp_path / "cli" / "uci_diabetes.md").read_text()
+    capsys.readouterr()
+    for bad, message in (
+        ("table3,table9", "choose from table3, table6, wide, or several separated by commas"),
+        ("", "choose from table3, table6, wide"),
+    ):
+        with pytest.raises(SystemExit) as exit_code:
+            main([*args, "--protocol", bad, "--out", str(tmp_path / "bad")])
         assert exit_code.value.code == 2 and message in capsys.readouterr().err
 
 
