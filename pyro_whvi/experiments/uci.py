@@ -115,11 +115,10 @@ def run_split(
     if config.choosing:
         label, settings, scores, seconds = choose_settings(source, spec, split, config, selection_store, data)
         chosen = {"kl_weight": settings.kl_weight, "validation_scores": scores, "selection_seconds": seconds}
-        if config.protocols:
-            protocol = label.split(":")[0]
-            chosen["protocol"] = protocol
-            (settings_of,) = (p for p in config.protocols if p["name"] == protocol)
-            chosen.update({key: value for key, value in settings_of.items() if key != "name"})
+        if config.protocols:  # the label is the protocol's name, then ":kl<weight>" where several weights
+            chosen["protocol"] = label.split(":")[0]
+            chosen.update(layers=settings.layers, hidden=settings.hidden)
+            chosen.update(steps=settings.schedule.steps, lr=settings.schedule.lr)
         if checkpoint is not None:  # a run begun with another choice is not resumed with this one
             choice = f"kl{settings.kl_weight!r}" if not config.protocols else label
             checkpoint = replace(checkpoint, key=f"{checkpoint.key}:{choice}")

@@ -100,8 +100,8 @@ def summary_table(name: str, summary: list[dict[str, Any]], config: UCIConfig) -
         choices = ", ".join(
             f"{p['name']} ({p['layers']}x{p['hidden']}, {p['steps']} steps, lr {p['lr']:g})" for p in config.protocols
         )
-        network = f"ReLU, protocol chosen per split from {choices} {held_out}; noise fixed for the first {fixed} steps"
-        network = network if noise else network.split(";")[0]
+        network = f"ReLU, protocol chosen per split from {choices} {held_out}"
+        network += f"; noise fixed for the first {fixed} steps" if noise else ""
         network += f", batch {schedule.batch_size}"
     lines = [
         f"### {name}: {network}{cooldown}, {config.samples} test samples{targets}{tempered}"
