@@ -37,6 +37,7 @@ def test_killed_first_build_does_not_hang(tmp_path, victim):
         env=_env(extensions, **unoptimized),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
+        text=True,
         start_new_session=True,
     )
     try:
@@ -51,7 +52,9 @@ def test_killed_first_build_does_not_hang(tmp_path, victim):
             first.kill()
         else:
             os.killpg(first.pid, signal.SIGKILL)
-        first.wait()
+        _, first_stderr = first.communicate()
+        # A first build says so before the compiler starts (the only first build of the suite's build tests).
+        assert f"pyro_whvi: compiling the CPU kernels into {_build_dir(extensions)}" in first_stderr, first_stderr
         assert (_build_dir(extensions) / "lock").exists()  # the situation that used to hang every later process
 
         report, stderr = _check(extensions, timeout=BUILD_TIMEOUT_S, **unoptimized)
@@ -62,4 +65,5 @@ def test_killed_first_build_does_not_hang(tmp_path, victim):
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(first.pid, signal.SIGKILL)  # orphans left by a failed run
-        first.communicate()
+        if first.stderr is not None and not first.stderr.closed:  # not yet read (a failure before the kill)
+            first.communicate()
