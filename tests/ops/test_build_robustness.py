@@ -1,8 +1,8 @@
 """The compiled-kernel build never hangs and never silently skips a usable cache (pyro_whvi.ops.build),
 and a garbage ``$PYRO_WHVI_BACKEND`` is a one-line error.
 
-Every build runs in a subprocess with its own ``$TORCH_EXTENSIONS_DIR``; one verified build (module fixture: the
-one this process loads, or a real build where there is none) is copied for the tests that need a cached build.
+Every build runs in a subprocess with its own ``$TORCH_EXTENSIONS_DIR``; one real build (module
+fixture) is copied for the tests that need a cached build.
 """
 
 from __future__ import annotations
@@ -78,44 +78,28 @@ def _build_dir_name() -> str:
     return f"pyro_whvi_cpu_{_native_flags()[1]}"
 
 
-def _verified_build_here() -> Path | None:
-    """The build folder this process's own kernels load from (``make build-kernels`` made it), if verified."""
-    from torch.utils import cpp_extension
-
-    from pyro_whvi.ops.build import _is_verified
-
-    name = _build_dir_name()
-    directory = Path(cpp_extension._get_build_directory(name, verbose=False))
-    library = directory / f"{name}{cpp_extension.LIB_EXT}"
-    return directory if _is_verified(library, library.with_name(library.name + ".sha256")) else None
-
-
 @pytest.fixture(scope="module")
-def built_cache(tmp_path_factory) -> Path:
-    """An extensions directory holding one complete, verified build.
-
-    A copy of the build this process uses when there is one (``make test`` builds it first; a full optimized
-    build costs about 45 s of a test worker here), else a real build. The first build's message is checked
-    by ``test_build_killed.py``, whose first build is always a real one.
-    """
+def built_cache(tmp_path_factory) -> tuple[Path, str]:
+    """An extensions directory holding one complete build, and the stderr of that build."""
     extensions = tmp_path_factory.mktemp("built") / "extensions"
-    existing = _verified_build_here()
-    if existing is not None:
-        shutil.copytree(existing, extensions / existing.name, symlinks=True)
-        return extensions
-    result = _run([sys.executable, "-m", "pyro_whvi.ops.build"], _env(extensions), BUILD_TIMEOUT_S)
+    argv = [sys.executable, "-m", "pyro_whvi.ops.build"]
+    result = _run(argv, _env(extensions), BUILD_TIMEOUT_S)
     if result.returncode != 0:
         reason = f"the compiled kernels do not build here: {result.stderr[-1000:]}"
         if os.environ.get("PYRO_WHVI_REQUIRE_COMPILED") == "1":
             pytest.fail(reason)
         pytest.skip(reason)
-    return extensions
+    return extensions, result.stderr
 
 
 @pytest.fixture
 def cache_copy(built_cache, tmp_path) -> Path:
     """A private copy of the built extensions directory."""
-    return Path(shutil.copytree(built_cache, tmp_path / "extensions"))
+    return Path(shutil.copytree(built_cache[0], tmp_path / "extensions"))
+
+
+def test_first_build_says_compiling(built_cache):
+    assert "pyro_whvi: compiling the CPU kernels into" in built_cache[1]
 
 
 def test_build_lock_held_too_long_falls_back_with_one_warning(tmp_path):
