@@ -47,9 +47,9 @@ def backend(request):
 
 def pytest_collection_modifyitems(config, items):
     # The files with slow tests first, each file's tests kept together and in order. `make test` hands each
-    # worker one file at a time in this order (pytest-xdist's loadfile): with the long files started first
-    # and the many short ones last, the workers end together instead of one running the last long file alone
-    # (the long files came last in the directory order: tests/train, tests/test_tutorials.py).
+    # worker one file at a time in this order (pytest-xdist's loadfile), so the long files start early and the
+    # many short ones fill in at the end; in the directory order the long ones came last (tests/train,
+    # tests/test_tutorials.py). Two fresh clones back to back: 630.8 s of pytest this way, 709.8 s that way.
     slow_files = {item.path for item in items if "slow" in item.keywords}
     items.sort(key=lambda item: item.path not in slow_files)  # stable
     if torch.cuda.is_available():

@@ -23,8 +23,8 @@ The design ops (``whvi_design``, its backward, the RF Fourier-design backward) t
 matrices, so one matrix at ``D = 2^15`` is 4 GiB (float32) and beyond 8192 the dispatcher sends them to the
 pure-PyTorch reference (no Triton kernel). Their interpreter cost grows as ``D^2``: the default sweep
 stops them at :data:`DESIGN_MAX` = 1024, where every size up to 8192 takes the same kernel path (the 2048
-cases alone took 18 of the sweep's 49 s here);
-``PYRO_WHVI_TRITON_SWEEP_FULL=1`` runs them up to 8192 (about two more minutes and 5 GB of memory).
+cases alone took 18 of the sweep's 49 s here); ``PYRO_WHVI_TRITON_SWEEP_FULL=1`` runs them up to 8192 (those
+18 s, then about two more minutes and 5 GB of memory above 2048).
 
 The sweep runs once per session in a subprocess (the interpreter is chosen when the kernels module is
 imported, and other tests import it compiled for a GPU); each case is its own parametrized test.
