@@ -49,7 +49,8 @@ def pytest_collection_modifyitems(config, items):
     # The files with slow tests first, each file's tests kept together and in order. `make test` hands each
     # worker one file at a time in this order (pytest-xdist's loadfile), so the long files start early and the
     # many short ones fill in at the end; in the directory order the long ones came last (tests/train,
-    # tests/test_tutorials.py). Two fresh clones back to back: 630.8 s of pytest this way, 709.8 s that way.
+    # tests/test_tutorials.py). Fresh clones here took 630.8, 649.4 and 715.8 s of pytest this way and 709.8 s
+    # that way: within this machine's drift, so the gain is not shown.
     slow_files = {item.path for item in items if "slow" in item.keywords}
     items.sort(key=lambda item: item.path not in slow_files)  # stable
     if torch.cuda.is_available():
