@@ -9,7 +9,8 @@ tensors) in every case but Pyro's default path (``AutoNormal`` / ``WHVI``), whic
 
 * ``plain``: ``nn.Sequential(Linear, ReLU, Linear, ReLU, Linear)`` with a Gaussian likelihood and a
   learned noise scale: the cost of the network itself, the baseline of every ratio (one fused Adam);
-* ``plain compiled``: the same loss through ``torch.compile(fullgraph=True)``;
+* ``plain compiled``: the same loss through ``torch.compile(fullgraph=True)`` (the backend of every
+  ``torch.compile`` case is ``--compile-backend``, default ``inductor``);
 * ``layers``: the same ``nn.Sequential`` through ``pyro_whvi.nn.bayesian_(net, "whvi",
   mean_field_last_layer=True)``: WHVI on the two ``D x D``-ish weights, mean-field biases and output
   layer (the posterior family of AutoWHVIGuide's defaults on ``BayesianMLP``), loss
@@ -24,10 +25,14 @@ tensors) in every case but Pyro's default path (``AutoNormal`` / ``WHVI``), whic
 * ``AutoNormal, JIT`` / ``WHVI, JIT``: the fast path (``docs/getting-started.md``): the same ``svi.step`` with
   ``pyro_whvi.infer.JitTrace_ELBO`` (Pyro's, compiled by ``torch.jit.trace``) and ``pyro_whvi.infer.JointOptim``
   (one fused ``torch.optim.Adam`` for all the parameters, which sets their gradients to ``None`` after the step);
+* ``AutoNormal, JIT torch.compile`` / ``WHVI, JIT torch.compile``: the same with
+  ``JitTrace_ELBO(backend=...)``, the ELBO recorded at the aten level and compiled by ``torch.compile``
+  (Inductor: fused kernels, seconds to compile);
 * ``WHVI, ELBOModule``: Pyro's module path, ``elbo = JitTrace_ELBO()(model, guide)`` with one
   fused ``torch.optim.Adam(elbo.parameters())``: ``zero_grad``, ``elbo(x, y).backward()``, ``step``.
 
-Each case takes a set-up step and 3 warm-up steps first (compilation happens there). Times are medians of
+Each case takes a set-up step and 3 warm-up steps first (compilation happens there; a second table gives their wall
+time, which depends on the state of torch.compile's on-disk caches). Times are medians of
 ``torch.utils.benchmark`` blocked runs using all of torch's threads (or ``--threads``), the best of 3
 interleaved rounds (2 with ``--quick``), so that every case sees the same machine state; ``--clock cpu`` times
 this process's CPU time instead of the wall clock (on cores shared with other work it leaves out the time the
@@ -67,6 +72,7 @@ from tqdm import tqdm
 from pyro_whvi import AutoWHVIGuide, ops
 from pyro_whvi.experiments.arguments import check_device
 from pyro_whvi.infer import JitTrace_ELBO, JointOptim
+from pyro_whvi.infer.tracing import INDUCTOR_OPTIONS, check_backend
 from pyro_whvi.nn import BayesianMLP, bayesian_, kl_divergence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -82,9 +88,14 @@ CASES = {
     "whvi": "SVI AutoWHVIGuide",
     "autonormal_jit": "SVI AutoNormal, JIT",
     "whvi_jit": "SVI AutoWHVIGuide, JIT",
+    "autonormal_jit_compile": "SVI AutoNormal, JIT torch.compile",
+    "whvi_jit_compile": "SVI AutoWHVIGuide, JIT torch.compile",
     "whvi_module": "AutoWHVIGuide, JIT ELBOModule",
 }
-SVI_CASES = ("autonormal", "whvi", "autonormal_jit", "whvi_jit", "whvi_module")
+SVI_CASES = (
+    *("autonormal", "whvi", "autonormal_jit", "whvi_jit"),
+    *("autonormal_jit_compile", "whvi_jit_compile", "whvi_module"),
+)
 WARMUP_STEPS = 3
 #: The Adam of every case but Pyro's default path (``_adam``): one fused kernel over all the tensors.
 FUSED_ADAM: dict[str, Any] = {"lr": 1e-3, "fused": True}
@@ -99,7 +110,9 @@ def _network(size: int, device: torch.device) -> nn.Sequential:
     return nn.Sequential(*layers).to(device)
 
 
-def _torch_step(case: str, size: int, x: torch.Tensor, y: torch.Tensor) -> tuple[Callable[[], Any], int]:
+def _torch_step(
+    case: str, size: int, x: torch.Tensor, y: torch.Tensor, compile_backend: str
+) -> tuple[Callable[[], Any], int]:
     """A plain-PyTorch training step (``plain*`` or ``layers*``) and its number of parameters."""
     network = _network(size, x.device)
     if case.startswith("layers"):
@@ -115,7 +128,8 @@ def _torch_step(case: str, size: int, x: torch.Tensor, y: torch.Tensor) -> tuple
         return loss + kl_divergence(network) if bayesian else loss
 
     if case.endswith("compiled"):
-        loss_fn = torch.compile(loss_fn, fullgraph=True, options={"fallback_random": True})
+        options = INDUCTOR_OPTIONS if compile_backend == "inductor" else None
+        loss_fn = torch.compile(loss_fn, fullgraph=True, backend=compile_backend, options=options)
 
     def step() -> torch.Tensor:
         optimizer.zero_grad()
@@ -131,7 +145,9 @@ def _torch_step(case: str, size: int, x: torch.Tensor, y: torch.Tensor) -> tuple
     return step, sum(p.numel() for p in parameters)
 
 
-def _svi_step(case: str, size: int, x: torch.Tensor, y: torch.Tensor) -> tuple[Callable[[], Any], StateDict, int]:
+def _svi_step(
+    case: str, size: int, x: torch.Tensor, y: torch.Tensor, compile_backend: str
+) -> tuple[Callable[[], Any], StateDict, int]:
     """A set-up and warmed-up SVI (or ELBOModule) step for one guide, its param-store scope and its parameter count."""
     model = BayesianMLP([size, size, size, 1]).to(x.device)  # its priors follow; the guide's params go there
     with pyro.get_param_store().scope() as state:
@@ -140,9 +156,10 @@ def _svi_step(case: str, size: int, x: torch.Tensor, y: torch.Tensor) -> tuple[C
         if case == "whvi_module":
             step = _module_step(JitTrace_ELBO()(model, guide), x, y)
         else:
-            jit = case.endswith("_jit")
+            jit = "_jit" in case
+            backend = compile_backend if case.endswith("_compile") else "torchscript"
             optim = JointOptim(torch.optim.Adam, FUSED_ADAM) if jit else _adam()
-            svi = SVI(model, guide, optim, JitTrace_ELBO() if jit else Trace_ELBO())
+            svi = SVI(model, guide, optim, JitTrace_ELBO(backend=backend) if jit else Trace_ELBO())
             step = lambda: svi.step(x, y)  # noqa: E731
         loss = step()  # sets the guide up (and compiles), with Pyro's validation as configured
         with pyro.validation_enabled(False):
@@ -170,10 +187,12 @@ def _module_step(elbo: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> Cal
     return step
 
 
-def _setup(case: str, size: int, x: torch.Tensor, y: torch.Tensor) -> tuple[Callable[[], Any], StateDict | None, int]:
+def _setup(
+    case: str, size: int, x: torch.Tensor, y: torch.Tensor, compile_backend: str
+) -> tuple[Callable[[], Any], StateDict | None, int]:
     if case in SVI_CASES:
-        return _svi_step(case, size, x, y)
-    step, count = _torch_step(case, size, x, y)
+        return _svi_step(case, size, x, y, compile_backend)
+    step, count = _torch_step(case, size, x, y, compile_backend)
     return step, None, count
 
 
@@ -185,7 +204,14 @@ def _time(step: Callable[[], Any], state: StateDict | None, min_run_time: float,
 
 
 def measure(
-    sizes: list[int], batch: int, min_run_time: float, rounds: int, label: str, device: str = "cpu", clock: str = "wall"
+    sizes: list[int],
+    batch: int,
+    min_run_time: float,
+    rounds: int,
+    label: str,
+    device: str = "cpu",
+    clock: str = "wall",
+    compile_backend: str = "inductor",
 ) -> list[dict[str, Any]]:
     """One row per D; each D's cases run in ``rounds`` interleaved rounds and the fastest median is kept.
     The batch is drawn on the CPU (the same numbers on every device) and moved to ``device``."""
@@ -196,7 +222,11 @@ def measure(
             x = torch.randn(batch, size, generator=generator, dtype=torch.float32).to(device)
             y = torch.randn(batch, generator=generator, dtype=torch.float32).to(device)
             pyro.set_rng_seed(0)
-            cases = {case: _setup(case, size, x, y) for case in CASES}
+            cases, setup_seconds = {}, {}
+            for case in CASES:  # wall time: compilers run in other processes too
+                start = time.perf_counter()
+                cases[case] = _setup(case, size, x, y, compile_backend)
+                setup_seconds[case] = time.perf_counter() - start
             best = dict.fromkeys(CASES, math.inf)
             for _ in range(rounds):
                 for case, (step, state, _) in cases.items():
@@ -206,8 +236,12 @@ def measure(
             row.update(autonormal_params=cases["autonormal"][2], whvi_params=cases["whvi"][2])
             row.update(layers_params=cases["layers"][2])
             row.update({f"{case}_ms_per_step": best[case] * 1e3 for case in CASES})
+            row.update({f"{case}_setup_s": setup_seconds[case] for case in CASES})
             row.update({f"{case}_over_plain": best[case] / best["plain"] for case in CASES if case != "plain"})
             row["whvi_jit_over_autonormal_jit"] = best["whvi_jit"] / best["autonormal_jit"]
+            row["whvi_jit_compile_over_autonormal_jit_compile"] = (
+                best["whvi_jit_compile"] / best["autonormal_jit_compile"]
+            )
             rows.append({**row, "whvi_over_autonormal": best["whvi"] / best["autonormal"]})
             del cases
             gc.collect()
@@ -219,12 +253,21 @@ def _where(device: str, threads: int) -> str:
     return f"CPU, {threads} threads" if device == "cpu" else torch.cuda.get_device_name()
 
 
-def markdown(rows: list[dict[str, Any]], batch: int, threads: int, device: str = "cpu", clock: str = "wall") -> str:
+def markdown(
+    rows: list[dict[str, Any]],
+    batch: int,
+    threads: int,
+    device: str = "cpu",
+    clock: str = "wall",
+    compile_backend: str = "inductor",
+) -> str:
     what = "CPU time of the process" if clock == "cpu" else "wall time"
     lines = [
         f"\n### One training step of a [D, D, D, 1] Bayesian MLP, batch {batch}, fp32, {_where(device, threads)} "
         f"(ms per step, {what}; in brackets: over plain PyTorch). Adam: one fused torch.optim.Adam in every case "
-        "but SVI AutoNormal / SVI AutoWHVIGuide (pyro.optim's: one torch.optim.Adam per parameter tensor)\n",
+        "but SVI AutoNormal / SVI AutoWHVIGuide (pyro.optim's: one torch.optim.Adam per parameter tensor). JIT: "
+        f"JitTrace_ELBO, by torch.jit.trace or, where named, by torch.compile. torch.compile's backend: "
+        f"{compile_backend!r}\n",
         "| D | " + " | ".join(CASES.values()) + " | params AutoNormal / AutoWHVIGuide / layers |",
         "|---|" + "---|" * (len(CASES) + 1),
     ]
@@ -235,6 +278,14 @@ def markdown(rows: list[dict[str, Any]], batch: int, threads: int, device: str =
         ]
         counts = f"{r['autonormal_params']:,} / {r['whvi_params']:,} / {r['layers_params']:,}"
         lines.append(f"| {r['D']} | " + " | ".join(cells) + f" | {counts} |")
+    lines += [
+        f"\nSet-up of each case, wall seconds: building it, its first step (where the compiled cases compile) and "
+        f"{WARMUP_STEPS} more; torch.compile's caches as this process found them\n",
+        "| D | " + " | ".join(CASES.values()) + " |",
+        "|---|" + "---|" * len(CASES),
+    ]
+    for r in rows:
+        lines.append(f"| {r['D']} | " + " | ".join(f"{r[f'{case}_setup_s']:.2f}" for case in CASES) + " |")
     return "\n".join(lines)
 
 
@@ -269,6 +320,11 @@ def main(argv: list[str] | None = None) -> int:
         "--device", choices=("cpu", "cuda"), default="cpu", help="where the networks and the batch live (default cpu)"
     )
     parser.add_argument(
+        "--compile-backend",
+        default="inductor",
+        help="the backend of every torch.compile case: 'compiled' and 'JIT torch.compile' (default inductor)",
+    )
+    parser.add_argument(
         "--clock",
         choices=("wall", "cpu"),
         default="wall",
@@ -277,6 +333,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         check_device(args.device)
+        if args.compile_backend == "torchscript":
+            raise ValueError("--compile-backend: a torch.compile backend, not torchscript (the 'JIT' cases' own)")
+        check_backend(args.compile_backend, "--compile-backend")
     except ValueError as error:
         parser.error(str(error))
     if args.batch < 1:
@@ -300,11 +359,11 @@ def main(argv: list[str] | None = None) -> int:
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 4 * len(sizes))
     try:
         label = "quick" if args.quick else "full"
-        rows = measure(sizes, args.batch, min_run_time, rounds, label, args.device, args.clock)
+        rows = measure(sizes, args.batch, min_run_time, rounds, label, args.device, args.clock, args.compile_backend)
     finally:
         torch.set_default_dtype(previous_dtype)
         torch.set_num_threads(previous_threads)
-    text = markdown(rows, args.batch, threads, args.device, args.clock)
+    text = markdown(rows, args.batch, threads, args.device, args.clock, args.compile_backend)
     print(text)
 
     stem = "svi_step" + ("_cuda" if args.device == "cuda" else "") + ("_cpu_time" if args.clock == "cpu" else "")
@@ -315,6 +374,7 @@ def main(argv: list[str] | None = None) -> int:
         whvi_backend=backend,
         threads=threads,
         clock=args.clock,
+        compile_backend=args.compile_backend,
         rounds=rounds,
         min_run_time=min_run_time,
         warmup_steps=WARMUP_STEPS,

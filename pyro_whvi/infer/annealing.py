@@ -25,9 +25,10 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable
 
-import torch
 from pyro.poutine.messenger import Messenger
 from pyro.poutine.runtime import _PYRO_STACK
+
+from .tracing import recording
 
 __all__ = ["KLAnnealing"]
 
@@ -42,7 +43,7 @@ class _ScaleLatents(Messenger):
     def _pyro_sample(self, msg):
         if not msg["is_observed"]:
             msg["scale"] = msg["scale"] * self.annealing.factor
-            if self.frozen_under_jit and torch.jit.is_tracing():
+            if self.frozen_under_jit and recording():
                 warnings.warn(
                     f"KLAnnealing under the JIT (JitTrace_ELBO and kin): the compiled loss keeps factor="
                     f"{self.annealing.factor} and ignores later changes; train a schedule with Trace_ELBO.",
@@ -80,6 +81,9 @@ class KLAnnealing:
         evaluation (``with annealing.scope(): loss = elbo(x, y)``) it weights the model's and the guide's alike."""
         return _ScaleLatents(self)
 
+    def __repr__(self) -> str:
+        return f"KLAnnealing(factor={self.factor})"
+
 
 def active_annealing_factors() -> tuple[float, ...]:
     """The factors of the :meth:`KLAnnealing.scope` s active now, outermost first."""
@@ -92,6 +96,3 @@ def scale_latents(fn: Callable, factors: tuple[float, ...]) -> Callable:
     for factor in factors:
         fn = _ScaleLatents(KLAnnealing(factor), frozen_under_jit=False)(fn)
     return fn
-
-    def __repr__(self) -> str:
-        return f"KLAnnealing(factor={self.factor})"

@@ -54,7 +54,7 @@ from .draw_scope import (
     local_reparameterization_enabled,
     seeded_draws,
 )
-from .jit_elbo import refuse_under_trace
+from .tracing import refuse_under_trace
 
 # The draw-scope helpers are re-exported here, where they were defined until the module was split.
 __all__ = [

@@ -2,6 +2,11 @@
 ``Trace_ELBO`` computes (loss and gradients), through ``SVI`` and through ``ELBOModule``; ``JitTraceMeanField_ELBO``
 compiles once; the per-example draws stay per example; what cannot be compiled raises, naming the fix.
 
+Each check runs on both ways of compiling: ``torch.jit.trace`` (``backend="torchscript"``, Pyro's) and the aten-level
+recording handed to ``torch.compile``, here with its ``"aot_eager"`` backend (the same recording, functionalization
+and autograd as ``"inductor"``, without Inductor's code generation, which takes seconds per graph);
+``test_inductor_takes_the_eager_steps`` runs Inductor itself.
+
 Exact comparisons run the compiled graph as traced (``torch.jit.optimized_execution(False)``): PyTorch's optimizing
 executor may reorder independent random draws (it does for the full and low-rank ``q(g)``, whose
 ``MultivariateNormal`` draws it regroups), which changes which numbers each site gets but not their distribution.
@@ -20,6 +25,7 @@ from pyro.optim import PyroOptim
 
 from pyro_whvi import iblm_
 from pyro_whvi.infer import JitTrace_ELBO, JitTraceMeanField_ELBO, JointOptim, KLAnnealing, example_seeds
+from pyro_whvi.infer.tracing import record_for_compile
 from pyro_whvi.testing.conformance_models import ConformanceMLP
 
 from ..helpers import GUIDES
@@ -27,6 +33,7 @@ from ..helpers import GUIDES
 WIDTHS = [4, 8, 8, 1]
 EXACT = ["whvi", "whvi-full", "whvi-lowrank", "nf-whvi", "whvi-paper", "whvi-iblm", "mfg"]
 VSD = ["vsd", "vsd-h"]
+BACKENDS = ["torchscript", "aot_eager"]
 
 
 @pytest.fixture(autouse=True)
@@ -93,31 +100,61 @@ def _assert_same(first, second, scale: float = 1.0):
         torch.testing.assert_close(first[1][name], scale * second[1][name], msg=name)
 
 
+def _graphs(elbo) -> int:
+    """How many graphs a compiled ELBO holds."""
+    compiled = elbo._differentiable_loss if isinstance(elbo, JitTraceMeanField_ELBO) else elbo._loss_and_surrogate_loss
+    return len(compiled.compiled)
+
+
 @pytest.mark.parametrize("kind", EXACT)
-@pytest.mark.parametrize("jit_elbo", [pyro.infer.JitTrace_ELBO, JitTrace_ELBO], ids=["pyro", "ours"])
-def test_svi_jit_loss_and_gradients_equal_trace_elbo(kind, jit_elbo):
+@pytest.mark.parametrize(
+    "make_elbo",
+    [pyro.infer.JitTrace_ELBO, JitTrace_ELBO, lambda: JitTrace_ELBO(backend="aot_eager")],
+    ids=["pyro", "ours", "ours-aot_eager"],
+)
+def test_svi_jit_loss_and_gradients_equal_trace_elbo(kind, make_elbo):
     model, guide, x, y = _setup(kind)
-    jit, eager = jit_elbo(), Trace_ELBO()
+    jit, eager = make_elbo(), Trace_ELBO()
     with torch.jit.optimized_execution(False):
         _svi_loss_and_grads(jit, model, guide, x, y, seed=0)  # compiles
         for seed in (3, 4):
             _assert_same(
                 _svi_loss_and_grads(jit, model, guide, x, y, seed), _svi_loss_and_grads(eager, model, guide, x, y, seed)
             )
-        # Another batch size through the same compiled graph: its shapes follow the input.
+        # Another batch size: through the same graph with TorchScript (its shapes follow the input), through a
+        # graph of its own with torch.compile (the recording bakes the shapes).
         half = x[:8], y[:8]
         _assert_same(
             _svi_loss_and_grads(jit, model, guide, *half, 5), _svi_loss_and_grads(eager, model, guide, *half, 5)
         )
+    if isinstance(jit, JitTrace_ELBO):
+        assert _graphs(jit) == (1 if jit.backend == "torchscript" else 2)
 
 
+@pytest.mark.slow
+def test_inductor_takes_the_eager_steps():
+    """``backend="inductor"`` (fused kernels, eager's random generator): NF-WHVI's loss and gradients are
+    Trace_ELBO's seed for seed, through SVI and through ELBOModule, from one compiled graph."""
+    model, guide, x, y = _setup("nf-whvi")
+    jit, eager = JitTrace_ELBO(backend="inductor"), Trace_ELBO()
+    _svi_loss_and_grads(jit, model, guide, x, y, seed=0)  # compiles
+    for seed in (3, 4):
+        _assert_same(
+            _svi_loss_and_grads(jit, model, guide, x, y, seed), _svi_loss_and_grads(eager, model, guide, x, y, seed)
+        )
+    module = jit(model, guide)
+    _assert_same(_module_loss_and_grads(module, x, y, 5), _module_loss_and_grads(eager(model, guide), x, y, 5))
+    assert _graphs(jit) == 1
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("kind", ["whvi", "whvi-lowrank", "vsd-h", "mfg"])
-def test_elbo_module_gradients_are_the_elbos_and_pyros_are_twice_them(kind):
+def test_elbo_module_gradients_are_the_elbos_and_pyros_are_twice_them(kind, backend):
     """``elbo(model, guide)``: ours gives Trace_ELBO's loss and gradients (VSD: at the same draws, see
     ``test_vsd_jit_elbo_equals_trace_elbo_in_distribution`` for why the seeds differ); Pyro's own
     ``JitTrace_ELBO.differentiable_loss`` doubles every gradient (Pyro 1.9), which is why ours exists."""
     model, guide, x, y = _setup(kind)
-    modules = {"ours": JitTrace_ELBO()(model, guide), "pyro": pyro.infer.JitTrace_ELBO()(model, guide)}
+    modules = {"ours": JitTrace_ELBO(backend=backend)(model, guide), "pyro": pyro.infer.JitTrace_ELBO()(model, guide)}
     eager = Trace_ELBO()(model, guide)
     with torch.jit.optimized_execution(False):
         for module in modules.values():
@@ -131,13 +168,14 @@ def test_elbo_module_gradients_are_the_elbos_and_pyros_are_twice_them(kind):
         _assert_same(_module_loss_and_grads(modules["pyro"], x, y, 3), reference, scale=2.0)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("kind", ["whvi", "whvi-full", "nf-whvi", "vsd-h", "mfg"])
-def test_jit_mean_field_compiles_once(kind):
+def test_jit_mean_field_compiles_once(kind, backend):
     """Ours compiles on the first call only (AutoNormal's draws all reach the loss, so it then matches
     TraceMeanField_ELBO seed for seed; the structured guides' in distribution, see the next test). Pyro's class
     compiles on every call: its compiled function is stored under another name than the one it checks."""
     model, guide, x, y = _setup(kind)
-    ours, pyros = JitTraceMeanField_ELBO(), pyro.infer.JitTraceMeanField_ELBO()
+    ours, pyros = JitTraceMeanField_ELBO(backend=backend), pyro.infer.JitTraceMeanField_ELBO()
     with torch.jit.optimized_execution(False):
         ours.loss_and_grads(model, guide, x, y)
         compiled = ours._differentiable_loss
@@ -146,10 +184,11 @@ def test_jit_mean_field_compiles_once(kind):
             if kind == "mfg":
                 _assert_same(loss_and_grads, _svi_loss_and_grads(TraceMeanField_ELBO(), model, guide, x, y, seed))
         assert ours._differentiable_loss is compiled and len(compiled.compiled) == 1
-        pyros.loss_and_grads(model, guide, x, y)
-        first = pyros._differentiable_loss
-        pyros.loss_and_grads(model, guide, x, y)
-        assert pyros._differentiable_loss is not first
+        if backend == "torchscript":
+            pyros.loss_and_grads(model, guide, x, y)
+            first = pyros._differentiable_loss
+            pyros.loss_and_grads(model, guide, x, y)
+            assert pyros._differentiable_loss is not first
 
 
 @pytest.mark.parametrize(
@@ -180,8 +219,9 @@ def test_jit_elbo_equals_eager_in_distribution(kind, elbos):
     assert (a[:, 0] != b[:, 0]).all()
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("kind", ["whvi", "nf-whvi", "vsd"])
-def test_per_example_draws_stay_per_example_under_the_jit(kind):
+def test_per_example_draws_stay_per_example_under_the_jit(kind, backend):
     """A compiled model execution (the guide's draws replayed) gives each row of a batch its own weight draw:
     identical rows get different outputs, every call draws anew, and another batch size gets its own draws."""
     model, guide, x, _ = _setup(kind)
@@ -190,19 +230,34 @@ def test_per_example_draws_stay_per_example_under_the_jit(kind):
         guide_trace = pyro.poutine.trace(guide).get_trace(inputs)
         return pyro.poutine.replay(model, trace=guide_trace)(inputs)  # the model's output f, of one execution
 
-    compiled = jit_trace(outputs, ignore_warnings=True)
-    same_rows = x[:1].expand(6, -1).contiguous()
+    def compile_for(inputs):
+        if backend == "torchscript":
+            return jit_trace(outputs, ignore_warnings=True)
+        with pyro.poutine.block():
+            return record_for_compile(outputs, (inputs,), backend)  # one graph per shape
+
+    same_rows, more_rows = x[:1].expand(6, -1).contiguous(), x[:1].expand(9, -1).contiguous()
+    compiled = compile_for(same_rows)
     compiled(same_rows)  # compiles
     first, second = compiled(same_rows), compiled(same_rows)
     assert first.shape == (6,) and torch.unique(first).numel() == 6
     assert not torch.equal(first, second)
-    assert torch.unique(compiled(x[:1].expand(9, -1).contiguous())).numel() == 9
+    compiled = compiled if backend == "torchscript" else compile_for(more_rows)
+    assert torch.unique(compiled(more_rows)).numel() == 9
 
 
-def test_example_seeds_under_the_jit_raises_naming_the_fix():
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_example_seeds_under_the_jit_raises_naming_the_fix(backend):
     model, guide, x, y = _setup("whvi")
     with example_seeds(range(len(x))), pytest.raises(RuntimeError, match=r"example_seeds.*train with Trace_ELBO"):
-        JitTrace_ELBO().loss_and_grads(model, guide, x, y)
+        JitTrace_ELBO(backend=backend).loss_and_grads(model, guide, x, y)
+
+
+def test_an_unknown_backend_raises_naming_the_choices():
+    with pytest.raises(
+        ValueError, match=r"JitTraceMeanField_ELBO: backend must be 'torchscript' .*'inductor'.*got 'fast'"
+    ):
+        JitTraceMeanField_ELBO(backend="fast")
 
 
 def test_misuse_of_a_compiled_elbo_raises_naming_the_fix():
@@ -216,21 +271,23 @@ def test_misuse_of_a_compiled_elbo_raises_naming_the_fix():
         JitTraceMeanField_ELBO()(model, guide)(x, y)
 
 
-def test_kl_annealing_under_the_jit_warns_that_its_factor_is_frozen():
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_kl_annealing_under_the_jit_warns_that_its_factor_is_frozen(backend):
     model, guide, x, y = _setup("whvi")
     annealing = KLAnnealing(0.5)
     with pytest.warns(UserWarning, match="keeps factor=0.5"):
-        JitTrace_ELBO().loss_and_grads(annealing(model), annealing(guide), x, y)
+        JitTrace_ELBO(backend=backend).loss_and_grads(annealing(model), annealing(guide), x, y)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("elbo_class", [JitTrace_ELBO, JitTraceMeanField_ELBO])
-def test_kl_annealing_scope_around_a_compiled_elbo_module_scales_its_kl(elbo_class):
+def test_kl_annealing_scope_around_a_compiled_elbo_module_scales_its_kl(elbo_class, backend):
     """``with annealing.scope(): module(x, y)`` (the engine's tempered ELBO): the compiled loss and gradients are the
     eager ELBO's under the same scope, and each factor gets its own graph (Pyro's compiled functions run the model
     and guide under ``poutine.block``, which hid the scope: every factor gave the untempered loss)."""
     model, guide, x, y = _setup("mfg")
     eager_class = Trace_ELBO if elbo_class is JitTrace_ELBO else TraceMeanField_ELBO
-    module, eager = elbo_class()(model, guide), eager_class()(model, guide)
+    module, eager = elbo_class(backend=backend)(model, guide), eager_class()(model, guide)
     losses = []
     with torch.jit.optimized_execution(False):
         for factor in (0.01, 1.0, 0.01):
@@ -240,9 +297,7 @@ def test_kl_annealing_scope_around_a_compiled_elbo_module_scales_its_kl(elbo_cla
                 _assert_same(_module_loss_and_grads(module, x, y, 3), reference)
                 losses.append(float(reference[0]))
     assert losses[0] == losses[2] != losses[1]
-    elbo = module.elbo
-    compiled = elbo._differentiable_loss if elbo_class is JitTraceMeanField_ELBO else elbo._loss_and_surrogate_loss
-    assert len(compiled.compiled) == 2
+    assert _graphs(module.elbo) == 2
 
 
 def test_joint_optim_steps_as_pyro_optim_and_keeps_its_state():

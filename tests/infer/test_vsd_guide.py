@@ -106,6 +106,7 @@ def test_kl_annealing_scales_exactly_the_kl_part():
         assert losses[0.5] == pytest.approx(losses[0.0] + 0.5 * (losses[1.0] - losses[0.0]), rel=1e-9)
     with pytest.raises(ValueError, match="factor"):
         KLAnnealing(-0.1)
+    assert repr(KLAnnealing(0.5)) == "KLAnnealing(factor=0.5)"
 
 
 def test_summaries_and_vectorized_predictive_refused():

@@ -207,10 +207,11 @@ def test_train_with_the_jit_takes_the_eager_steps(kl_weight):
     x, y = regression_data(40)
     schedule = Schedule(STEPS, 0, BATCH, LR, lr_gamma=0.0, lr_power=0.0)
     runs = []
-    for jit in (False, True):
+    for jit in (False, True, "aot_eager"):  # the eager ELBO, torch.jit.trace, torch.compile's recording
         model, guide = _model_and_guide("normal")
         with torch.jit.optimized_execution(False):
             runs.append(train(model, guide, x, y, schedule, kl_weight=kl_weight, progress=False, jit=jit))
     assert runs[1] == pytest.approx(runs[0], rel=1e-9)
+    assert runs[2] == pytest.approx(runs[0], rel=1e-9)
     with pytest.raises(ValueError, match=r"noise='per_example'.*jit=False"):
         train(model, guide, x, y, schedule, progress=False, jit=True, noise="per_example")
