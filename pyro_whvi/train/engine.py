@@ -128,11 +128,9 @@ def train(
     :param progress: show a progress bar on rank 0 (a string is its label).
     :param checkpoint: save and resume here (see :class:`Checkpoint`).
     :param noise: ``"per_rank"`` or ``"per_example"`` (see the module docstring).
-    :param jit: optimize :class:`~pyro_whvi.infer.JitTrace_ELBO` (compiled on the first step) instead of
-        ``Trace_ELBO``: the same loss and gradients, with less per-step overhead for small models, but other random
-        numbers where a guide draws what the loss does not use (the compiled graph drops that draw); not with
-        ``noise="per_example"``. ``True`` compiles with ``torch.jit.trace``; a string names the ELBO's ``backend``,
-        e.g. ``"inductor"`` (fused kernels: faster steps, seconds to compile, so for long runs).
+    :param jit: optimize :class:`~pyro_whvi.infer.JitTrace_ELBO` (``True``: by ``torch.jit.trace``; a string: the
+        ``backend``, e.g. ``"inductor"``) instead of ``Trace_ELBO``: the same loss and gradients, other random numbers
+        where the compiled graph drops a draw the loss does not use; not with ``noise="per_example"``.
     :returns: this rank's loss (negative ELBO estimate) at every step, resumed steps included.
     :raises TrainingDiverged: the loss or a parameter became non-finite (see :func:`optimize`); its cause also
         names ``kl_weight`` when it is not 1.
