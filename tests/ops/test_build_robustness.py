@@ -17,6 +17,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
@@ -40,6 +41,10 @@ print(json.dumps({"compiled": ops.backends._State.compiled, "warnings": messages
 """
 
 
+# Every build here is unoptimized: a third faster to compile, and what is tested is the caching and the locks.
+UNOPTIMIZED = {"PYRO_WHVI_EXTRA_CFLAGS": "-O0"}
+
+
 def _env(extensions: Path | None = None, **overrides: str) -> dict[str, str]:
     env = dict(os.environ)
     for name in ("PYRO_WHVI_BACKEND", "PYRO_WHVI_BUILD_TIMEOUT", "TORCH_EXTENSIONS_DIR"):
@@ -47,6 +52,7 @@ def _env(extensions: Path | None = None, **overrides: str) -> dict[str, str]:
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     if extensions is not None:
         env["TORCH_EXTENSIONS_DIR"] = str(extensions)
+    env.update(UNOPTIMIZED)
     env.update(overrides)
     return env
 
@@ -75,7 +81,8 @@ def _build_dir_name() -> str:
     """The name of the build folder a child process uses here (keyed to the sources, flags, torch and CPU)."""
     from pyro_whvi.ops.build import _native_flags
 
-    return f"pyro_whvi_cpu_{_native_flags()[1]}"
+    with mock.patch.dict(os.environ, UNOPTIMIZED):
+        return f"pyro_whvi_cpu_{_native_flags()[1]}"
 
 
 @pytest.fixture(scope="module")
