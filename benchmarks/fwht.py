@@ -127,8 +127,11 @@ def peer_measure(sizes: list[int], batch: int, budget_s: float) -> list[dict[str
             for clock, by_case in seconds.items():
                 row |= {f"{name} {clock} us": statistics.median(values) * 1e6 for name, values in by_case.items()}
                 for form in ("out-of-place", "in-place"):
+                    # A round whose clock read no time for the peer's call (a tick-based CPU clock on a busy
+                    # machine, at microseconds per call) has no ratio; the others do.
                     pairs = zip(by_case[f"ours {form}"], by_case[f"fht-cpu {form}"])
-                    row[f"{form} ratio {clock}"] = statistics.median(ours / theirs for ours, theirs in pairs)
+                    ratios = [ours / theirs for ours, theirs in pairs if theirs > 0]
+                    row[f"{form} ratio {clock}"] = statistics.median(ratios) if ratios else math.nan
             rows.append(row)
     finally:
         torch.set_num_threads(threads)
