@@ -167,6 +167,10 @@ def _digits(method: str, kl_weight: float, config: DemoConfig) -> dict[str, Any]
 
 def _run(job: tuple[str, float | None], config: DemoConfig) -> dict[str, Any]:
     """One seeded run in one thread: ``(method, None)`` on the toy problem, ``(method, kl_weight)`` on digits."""
+    # torch.optim.Adam's constructor imports torch._dynamo the first time in a process (about 1.7 s here): start-up
+    # work of the process, not training, and counted only in its first run if it were left to the timed loop.
+    import torch._dynamo
+
     threads, dtype = torch.get_num_threads(), torch.get_default_dtype()
     torch.set_num_threads(1)
     torch.set_default_dtype(torch.float64)
