@@ -400,6 +400,10 @@ def test_uci_summary_script_compares_with_the_paper(tmp_path):
     text = (tmp_path / "uci_summary.md").read_text()
     assert "| yacht | whvi | 2 |" in text and "0.69 (0.16)" in text and "below MFG's" in text
     assert "no MC dropout row" in text
+    # The published practical peers are fixed reference rows, and WHVI is checked against the best of them (1.18).
+    assert "| yacht | published: MC dropout, grid-searched (Gal's DropoutUncertaintyExps) | – |" in text
+    assert "| yacht | published: deep ensembles, 5 networks (Lakshminarayanan et al. 2017, Table 1) |" in text
+    assert "at or below the best published peer's (1.18)" in text
     assert (tmp_path / "uci_summary.png").is_file()
     summary = {e["method"]: e for e in json.loads((tmp_path / "uci_yacht.json").read_text())["results"]}
     verdict = module.checks("yacht", summary)
@@ -407,6 +411,7 @@ def test_uci_summary_script_compares_with_the_paper(tmp_path):
     assert verdict["mnll_below_paper"] == (summary["whvi"]["mnll"] < 1.80)
     assert verdict["mnll_below_mfg"] == (summary["whvi"]["mnll"] < summary["mfg"]["mnll"])
     assert verdict["at_or_below_mcd"] is None
+    assert verdict["at_or_below_published"] == (summary["whvi"]["mnll"] <= 1.18)
     # Against an MC dropout row, each WHVI variant is compared on its own; other methods are not listed.
     row = {"rmse": 1.0, "rmse_se": 0.1, "mnll": 1.0, "mnll_se": 0.1}
     rows = {"whvi": {**row, "rmse": 0.84, "mnll": 1.2}, "nf-whvi": {**row, "mnll": 0.9}, "mfg": {**row, "mnll": 0.5}}
@@ -466,6 +471,23 @@ def test_uci_summary_script_compares_with_the_paper(tmp_path):
     assert "| yacht | mcd (KL from 1,0.1) | 1 |" in text and "for MC dropout too: " in text
 
 
+def test_uci_summary_names_the_published_peers_of_the_standard_sets_only():
+    """Gal's folder names and short names find the same published values; other sets, the synthetic ones among them,
+    get none (and no verdict)."""
+    module = load_summary_script()
+    mcd, ensembles = module.PUBLISHED_MNLL
+    assert module.published("naval-propulsion-plant") == module.published("naval") == {mcd: -4.45, ensembles: -5.63}
+    assert module.published("power-plant")[ensembles] == 2.79 and module.published("Protein")[mcd] == 2.87
+    assert module.published("boston") == module.published("bostonHousing") == {mcd: 2.40, ensembles: 2.41}
+    for other in ("robot", "hartmann6", "otl", "wine-quality-red", "kin"):
+        assert module.published(other) == {}
+    row = {"rmse": 0.1, "mnll": -1.2}
+    assert module.checks("kin8nm", {"whvi": row})["at_or_below_published"] is True
+    assert module.checks("kin8nm", {"whvi": {**row, "mnll": -1.19}})["at_or_below_published"] is False
+    assert module.checks("robot", {"whvi": row})["at_or_below_published"] is None
+    assert module.checks("kin8nm", {"mcd": row})["at_or_below_published"] is None
+
+
 def test_uci_summary_script_reports_the_noise_floor(tmp_path):
     """On a set with a known sigma the summary adds each method's distance to the floor, the JSON's own numbers,
     and names the methods that pass issue 28's check (MNLL within 0.1 nats, noise within 10% of sigma)."""
@@ -484,6 +506,7 @@ def test_uci_summary_script_reports_the_noise_floor(tmp_path):
     cells = " | ".join(f"{whvi[m]:.3f} ± {whvi[m + '_se']:.3f}" for m in ("mnll_gap", "rmse_ratio", "noise_ratio"))
     assert f"| otl | whvi | 2 | 5 | {whvi['parameters']:,} | {cells} |" in text
     assert "Paper: Table 3" not in text and "paper std" not in text and "within 0.1 nats of the floor" in text
+    assert "published" not in text
     assert (tmp_path / "uci_summary.png").is_file()
     # The check itself, on rows placed on either side of each bound.
     at = {"mnll": 0.0, "mnll_gap": 0.1, "noise_ratio": 0.9, "rmse_ratio": 1.0}
