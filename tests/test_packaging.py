@@ -24,7 +24,7 @@ def test_wheel_contains_kernel_sources(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     (wheel,) = tmp_path.glob("pyro_whvi-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    for source in ("fwht_cpu.cpp", "structured_cpu.cpp", "row_kernels.h"):
+    for source in ("fwht_cpu.cpp", "structured_cpu.cpp", "planar_cpu.cpp", "row_kernels.h"):
         assert f"pyro_whvi/_csrc/cpu/{source}" in names
     assert "pyro_whvi/_csrc/triton/kernels.py" in names
     assert "pyro_whvi/ops/__init__.py" in names

@@ -7,15 +7,16 @@ r"""A diagonal Gaussian pushed through planar flows, over a ``(K, D)`` block of 
 
 :class:`PlanarFlowNormal` is a Pyro :class:`~pyro.distributions.TransformedDistribution`: the base
 ``Normal`` over the flattened latent, the flows, then a reshape to the block's shape. The flows are
-Pyro's :class:`~pyro.distributions.transforms.Planar` (with the constraint on :math:`\hat u` that keeps
-each map invertible). Planar flows have no closed-form inverse, so ``log_prob`` works through the
-transforms' caches: it knows the density of the distribution's last ``rsample()``, which is all an
-ELBO needs.
+Pyro's :class:`~pyro.distributions.transforms.Planar` modules (with the constraint on :math:`\hat u` that
+keeps each map invertible), applied by the fused :func:`~pyro_whvi.ops.planar_flow`: one op per flow for
+the map and its log-determinant, instead of the thirty-odd of Pyro's module. Planar flows have no
+closed-form inverse, so ``log_prob`` works through the transforms' caches: it knows the density of the
+distribution's last ``rsample()``, which is all an ELBO needs.
 
 The caches are the distribution's own. The guide's ``Planar`` modules are shared by every
-``PlanarFlowNormal`` of a site and by the model's per-example draws (local reparameterization), so
-their one-draw caches hold whatever went through them last; each distribution therefore wraps them in
-transforms with a cache of their own, and ``rsample_with_log_prob`` draws without touching it.
+``PlanarFlowNormal`` of a site and by the model's per-example draws (local reparameterization), so each
+distribution wraps them in transforms with a one-draw cache of their own, and ``rsample_with_log_prob``
+draws without touching it.
 """
 
 from __future__ import annotations
@@ -30,11 +31,14 @@ from torch import Tensor
 from torch.distributions.transforms import ReshapeTransform, Transform
 from torch.distributions.utils import _sum_rightmost
 
+from ..ops.planar import planar_flow
+
 __all__ = ["PlanarFlowNormal"]
 
 
 class _OwnCache(Transform):
-    """A shared planar flow with a one-draw cache, and the log-determinant of that draw, of its own."""
+    """A shared planar flow with a one-draw cache, and the log-determinant of that draw, of its own (the
+    fused op computes both at once)."""
 
     domain = constraints.real_vector
     codomain = constraints.real_vector
@@ -46,8 +50,8 @@ class _OwnCache(Transform):
         self._log_det: Tensor | None = None
 
     def _call(self, x: Tensor) -> Tensor:
-        y = self.flow(x)
-        self._log_det = self.flow.log_abs_det_jacobian(x, y)
+        flow = self.flow
+        y, self._log_det = planar_flow(x, flow.u, flow.w, flow.bias)
         return y
 
     def _inverse(self, y: Tensor) -> Tensor:
@@ -61,7 +65,7 @@ class _OwnCache(Transform):
         x_old, y_old = self._cached_x_y
         if x is x_old and y is y_old and self._log_det is not None:
             return self._log_det
-        return self.flow.log_abs_det_jacobian(x, self.flow(x))
+        return planar_flow(x, self.flow.u, self.flow.w, self.flow.bias)[1]
 
 
 class PlanarFlowNormal(TransformedDistribution):

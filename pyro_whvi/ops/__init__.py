@@ -8,6 +8,8 @@ Public ops:
   the WHVI weight :math:`W = S_1 H \operatorname{diag}(g) H S_2` without forming :math:`W`.
 * :func:`whvi_design` and :func:`fastfood` — structured products on the transform
   (:mod:`pyro_whvi.ops.structured`): the WHVI design map and Fastfood blocks.
+* :func:`planar_flow` — Pyro's planar flow and its log-determinant as one fused op (NF-WHVI's flows,
+  :mod:`pyro_whvi.ops.planar`).
 * Shape helpers for sizes that are not powers of two: :func:`pad_to_power_of_two`,
   :func:`setup_dimensions` (WHVI Algorithm 1), :func:`stacked_whvi_matvec`, :func:`stacked_whvi_weight`.
 
@@ -50,6 +52,7 @@ from .backends import (
     use_compiled_kernels,
     use_gpu_kernels,
 )
+from .planar import planar_flow
 from .shapes import (
     WHVIDimensions,
     pad_to_power_of_two,
@@ -71,6 +74,7 @@ __all__ = [
     "load_compiled",
     "next_power_of_two",
     "pad_to_power_of_two",
+    "planar_flow",
     "reference",
     "set_backend",
     "setup_dimensions",

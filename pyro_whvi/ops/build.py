@@ -42,7 +42,7 @@ __all__ = ["TIMEOUT_ENV_VAR", "kernel_source_dir", "load_kernels", "main"]
 
 TIMEOUT_ENV_VAR = "PYRO_WHVI_BUILD_TIMEOUT"
 _DEFAULT_TIMEOUT_S = 600.0
-_CPU_SOURCES = ("fwht_cpu.cpp", "structured_cpu.cpp")
+_CPU_SOURCES = ("fwht_cpu.cpp", "structured_cpu.cpp", "planar_cpu.cpp")
 _CPU_HEADERS = ("row_kernels.h",)
 _LOCK_NAME = "pyro_whvi.lock"
 _TORCH_LOCK_NAME = "lock"  # torch.utils.file_baton.FileBaton in cpp_extension._jit_compile

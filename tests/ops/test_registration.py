@@ -27,6 +27,8 @@ def _samples():
         ),
         (torch.ops.pyro_whvi.fastfood.default, (x, *_fastfood_buffers(size))),
         (torch.ops.pyro_whvi.fastfood_transpose.default, (torch.randn(3, 2, size), *_fastfood_buffers(size))),
+        (torch.ops.pyro_whvi.planar.default, (x, s1, g, torch.randn(1, requires_grad=True))),
+        (torch.ops.pyro_whvi.planar.default, (torch.randn(2, 3, size), s1, g, torch.randn(1))),
     ]
 
 
@@ -57,6 +59,7 @@ def test_opcheck_reference_kernels_in_a_fresh_process():
         x, s1, g, s2 = (torch.randn(2, 8, requires_grad=True) for _ in range(4))
         assert torch.autograd.gradgradcheck(torch.ops.pyro_whvi.whvi_matvec, (x, s1[0], g, s2[0]))
         assert torch.autograd.gradgradcheck(torch.ops.pyro_whvi.fwht, (x, True))
+        assert torch.autograd.gradgradcheck(torch.ops.pyro_whvi.planar, (x, s1[0], g[0], s2[0, :1]))
         assert ops.backends._State.compiled is None  # nothing was built or loaded
         print("ok")
         """
@@ -107,3 +110,7 @@ def test_fake_kernels_give_shapes():
         assert torch.ops.pyro_whvi.fastfood(x, blocks, permutation, blocks, blocks).shape == (5, 7, 3, 64)
         transposed = torch.ops.pyro_whvi.fastfood_transpose(torch.empty(5, 3, 64), blocks, permutation, blocks, blocks)
         assert transposed.shape == (5, 64)
+        y, log_det = torch.ops.pyro_whvi.planar(x, s, s, torch.empty(1))
+        assert (y.shape, log_det.shape) == ((5, 7, 64), (5, 7))
+        grads = torch.ops.pyro_whvi.planar_backward(None, torch.empty(5, 7), x, s, s, torch.empty(1))
+        assert [t.shape for t in grads] == [x.shape, s.shape, s.shape, (1,)]

@@ -34,10 +34,10 @@ def _model_and_guide(kind: str, seed: int = 0):
 
 
 def _pyro_svi(kind: str, x, y, kl_weight: float, global_batches: bool) -> tuple[list[float], dict]:
-    """The reference: Pyro's SVI with one Adam per parameter, batches drawn as ``Minibatches`` documents."""
+    """The reference: Pyro's SVI with one (fused) Adam per parameter, batches drawn as ``Minibatches`` documents."""
     model, guide = _model_and_guide(kind)
     annealing = KLAnnealing(kl_weight)
-    svi = SVI(annealing(model), annealing(guide), PyroOptim(torch.optim.Adam, {"lr": LR}), Trace_ELBO())
+    svi = SVI(annealing(model), annealing(guide), PyroOptim(torch.optim.Adam, {"lr": LR, "fused": True}), Trace_ELBO())
     generator = None if global_batches else torch.Generator().manual_seed(0)
     losses = []
     for _ in range(STEPS):
