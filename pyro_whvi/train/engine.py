@@ -59,14 +59,13 @@ from ..infer import JitTrace_ELBO, KLAnnealing, example_seeds
 from ..ops._checks import check_finite
 from . import distributed
 from .checkpoints import Checkpoint, read_checkpoint, restore_rng_state, save_checkpoint
-from .schedule import Minibatches, Schedule, shard_size
+from .schedule import Minibatches, Schedule, scheduled_adam, shard_size
 from .stops import TrainingDiverged, TrainingInterrupted, check_parameters, divergence_cause, naming_kl_weight
 
 __all__ = ["NOISE_MODES", "Checkpoint", "Minibatches", "Schedule", "optimize", "shard_size", "train"]
 __all__ += ["TrainingDiverged", "TrainingInterrupted"]
 
 NOISE_MODES = ("per_rank", "per_example")
-_FUSED_ADAM_DEVICES = ("cpu", "cuda")
 
 
 def _noise_parameter(model) -> torch.nn.Parameter | None:
@@ -246,13 +245,7 @@ def optimize(
             fixed = schedule.fixed_noise_steps
             groups.append({"params": held_parameters})
             factors.append(lambda step: schedule.lr_factor(step, delay=fixed))
-        # Torch's fused Adam (one kernel over every tensor) where it has one: on a small network the per-tensor work of
-        # the foreach form (a Python loop and two scalar reads per tensor) was 11-18% of a step (issue 50's notes).
-        # Element by element it is the same update whatever the grouping, so Pyro's SVI with PyroOptim(Adam,
-        # {"fused": True}) gives the same numbers (tests/train/test_engine.py).
-        fused = all(p.device.type in _FUSED_ADAM_DEVICES for group in groups for p in group["params"])
-        adam = torch.optim.Adam(groups, lr=schedule.lr, fused=fused or None, foreach=None if fused else True)
-        return adam, torch.optim.lr_scheduler.LambdaLR(adam, factors)
+        return scheduled_adam(groups, schedule.lr, factors)
 
     if warm_up is not None:
         optimizer, lr_schedule = build_optimizer()
