@@ -178,10 +178,7 @@ def _run(job: tuple[str, float | None], config: DemoConfig) -> dict[str, Any]:
     torch.set_default_dtype(torch.float64)
     try:
         method, kl_weight = job
-        # The optimizing executor spends seconds re-optimizing each compiled graph over its first steps: more
-        # than it saves in runs this short (issue 50's notes); the graphs run as traced.
-        with torch.jit.optimized_execution(False):
-            return _toy(method, config) if kl_weight is None else _digits(method, kl_weight, config)
+        return _toy(method, config) if kl_weight is None else _digits(method, kl_weight, config)
     finally:
         torch.set_num_threads(threads)
         torch.set_default_dtype(dtype)

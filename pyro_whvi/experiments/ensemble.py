@@ -110,12 +110,14 @@ def fit_members(
     progress: bool | str = True,
     checkpoint: Checkpoint | None = None,
     noise: str = "per_rank",
+    jit: bool = False,
 ) -> list[float]:
     """Train each member with :func:`~pyro_whvi.train.engine.train`, one after the other: member ``m`` is
     initialized (its guide's ``init_to_sample``) and draws its minibatches from seed ``seed * M + m``.
 
     :param progress: show a progress bar per member (a string is its label, followed by the member).
     :param checkpoint: the ensemble's; each member saves and resumes at :func:`member_checkpoint`.
+    :param jit: train each member on the compiled ELBO (see :func:`~pyro_whvi.experiments.methods.fit`).
     :returns: the members' mean loss at every step.
     """
     size = len(guides)
@@ -135,6 +137,7 @@ def fit_members(
             progress=f"{label} member {m + 1}/{size}" if progress else False,
             checkpoint=member_checkpoint(checkpoint, m),
             noise=noise,
+            jit=jit,
         )
         total = losses if not total else [a + b for a, b in zip(total, losses, strict=True)]
     return [value / size for value in total]

@@ -155,6 +155,13 @@ def add_uci_command(commands) -> None:
         help="where the model, data and training go (default cpu); cuda: the first CUDA GPU, one process (the "
         "predictions and metrics come back to the CPU). A CUDA run does not reuse a CPU run's stored splits",
     )
+    uci.add_argument(
+        "--eager",
+        dest="jit",
+        action="store_false",
+        help="train on Pyro's Trace_ELBO instead of the compiled JitTrace_ELBO (the default: the same loss and "
+        "gradients, about twice as fast, other random numbers)",
+    )
     uci.add_argument("--out", type=Path, default=Path("whvi_uci"), help="output folder (default ./whvi_uci)")
     parallel = uci.add_argument_group(
         "data-parallel training",

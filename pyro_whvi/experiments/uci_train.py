@@ -113,6 +113,7 @@ def train_split(
         progress=label if config.progress else False,
         checkpoint=checkpoint,
         kl_weight=kl_weight,
+        jit=config.jit,
     )
     # A resumed run counts the seconds its checkpoint (an ensemble: its members') had trained: the split's whole
     # training time.

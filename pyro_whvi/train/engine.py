@@ -149,7 +149,8 @@ def train(
     loss: torch.nn.Module = elbo(model, guide)
     if kl_weight != 1.0:
         loss = _AnnealedLoss(loss, KLAnnealing(kl_weight))
-    with pyro.validation_enabled(False), naming_kl_weight(kl_weight):
+    # Graphs run as traced: the optimizing executor's rewrite rounds differently, so a resumed run would not match.
+    with pyro.validation_enabled(False), naming_kl_weight(kl_weight), torch.jit.optimized_execution(not jit):
         return optimize(
             loss,
             x,

@@ -129,8 +129,10 @@ def test_raw_targets_train_in_original_units_and_keep_stored_results_valid(tmp_p
     for z, y in ((standardized.y_train, raw.y_train), (standardized.y_test, raw.y_test)):
         torch.testing.assert_close((y - raw.y_train.mean()) / standardized.y_scale, z, rtol=0, atol=1e-5)
     assert raw.y_train.std() > 50  # diabetes' progression score, not a standardized one
-    assert UCIConfig().fingerprint("whvi", "k") == "d1942b1a6ea48c04"
-    assert UCIConfig(standardize_targets=False).fingerprint("whvi", "k") != "d1942b1a6ea48c04"
+    # The hash of engine version 3 (fused Adam and planar flows, the compiled ELBO by default; version 2's was
+    # d1942b1a6ea48c04): later settings at their default must keep it.
+    assert UCIConfig().fingerprint("whvi", "k") == "285c3fb58e99d90f"
+    assert UCIConfig(standardize_targets=False).fingerprint("whvi", "k") != "285c3fb58e99d90f"
     from pyro_whvi.experiments.cli import main
 
     args = ["uci", "--dataset", "diabetes", "--methods", "mfg", "--splits", "0", "--steps", "3", "--samples", "4"]
@@ -147,11 +149,11 @@ def test_kl_weight_tempers_the_objective_of_every_method_and_keeps_stored_result
     fingerprint is the one from before the setting existed."""
     from pyro_whvi.experiments.uci import run_split
 
-    assert UCIConfig(kl_weight=1.0).fingerprint("whvi", "k") == "d1942b1a6ea48c04"
-    assert UCIConfig(kl_weight=0.5).fingerprint("whvi", "k") != "d1942b1a6ea48c04"
+    assert UCIConfig(kl_weight=1.0).fingerprint("whvi", "k") == "285c3fb58e99d90f"
+    assert UCIConfig(kl_weight=0.5).fingerprint("whvi", "k") != "285c3fb58e99d90f"
     # The same for the schedule's cool-down: none is the fingerprint from before it existed.
-    assert UCIConfig(schedule=Schedule(cooldown=0.0)).fingerprint("whvi", "k") == "d1942b1a6ea48c04"
-    assert UCIConfig(schedule=Schedule(cooldown=0.2)).fingerprint("whvi", "k") != "d1942b1a6ea48c04"
+    assert UCIConfig(schedule=Schedule(cooldown=0.0)).fingerprint("whvi", "k") == "285c3fb58e99d90f"
+    assert UCIConfig(schedule=Schedule(cooldown=0.2)).fingerprint("whvi", "k") != "285c3fb58e99d90f"
     with pytest.raises(ValueError, match="kl_weight > 0"):
         UCIConfig(kl_weight=0.0)
     for method in ("whvi", "mcd", "mfg"):
@@ -329,7 +331,7 @@ def test_several_protocols_are_chosen_per_split_on_validation_rows(tmp_path, mon
     # Candidates enter the fingerprint; one protocol is the plain config, fingerprint included.
     plain = UCIConfig.from_protocol(("table3",), "diabetes")
     assert plain.protocols == () and plain == UCIConfig.from_protocol("table3", "diabetes")
-    assert replace(plain, schedule=UCIConfig().schedule).fingerprint("whvi", "k") == "d1942b1a6ea48c04"
+    assert replace(plain, schedule=UCIConfig().schedule).fingerprint("whvi", "k") == "285c3fb58e99d90f"
     assert config.fingerprint("mfg") != replace(config, protocols=()).fingerprint("mfg")
     with pytest.raises(ValueError, match="give nproc 1, or one candidate"):
         replace(config, nproc=2)
@@ -578,8 +580,8 @@ def test_device_flag_cpu_is_the_default_bit_for_bit_and_keeps_stored_results_val
     its own; CUDA trains in one process."""
     from pyro_whvi.experiments.cli import main
 
-    assert UCIConfig(device="cpu").fingerprint("whvi", "k") == "d1942b1a6ea48c04"
-    assert UCIConfig(device="cuda").fingerprint("whvi", "k") != "d1942b1a6ea48c04"
+    assert UCIConfig(device="cpu").fingerprint("whvi", "k") == "285c3fb58e99d90f"
+    assert UCIConfig(device="cuda").fingerprint("whvi", "k") != "285c3fb58e99d90f"
     with pytest.raises(ValueError, match="device must be one of cpu, cuda"):
         UCIConfig(device="tpu")
     with pytest.raises(ValueError, match="trains in one process"):
@@ -613,3 +615,33 @@ def test_device_cuda_without_cuda_is_a_one_line_error(tmp_path):
     assert "--device cpu" in result.stderr and not (tmp_path / "runs").exists()
     with pytest.raises(ValueError, match="device cuda: PyTorch sees no CUDA GPU"):
         run_uci("diabetes", UCIConfig(device="cuda", splits=(0,), progress=False), tmp_path)
+
+
+def test_the_compiled_elbo_is_the_default_and_eager_its_own_fingerprint(tmp_path, monkeypatch):
+    """``whvi uci`` trains every method (an ensemble's networks too) on ``JitTrace_ELBO`` unless ``--eager``; the two
+    draw other random numbers, so an eager run does not read a compiled run's stored splits."""
+    import pyro_whvi.train.engine as engine
+    from pyro_whvi.experiments.cli import main
+
+    assert UCIConfig(jit=False).fingerprint("whvi", "k") != UCIConfig().fingerprint("whvi", "k")
+    compiled: list[str] = []
+
+    class Recording(engine.JitTrace_ELBO):
+        def __init__(self, *args, **kwargs):
+            compiled.append("jit")
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(engine, "JitTrace_ELBO", Recording)
+    args = ["uci", "--dataset", "diabetes", "--methods", "whvi,ensemble", "--splits", "0", "--steps", "5"]
+    args += ["--samples", "4", "--hidden", "8"]
+    assert main([*args, "--out", str(tmp_path / "jit")]) == 0
+    assert len(compiled) == 1 + 5  # WHVI and the ensemble's five networks
+    assert main([*args, "--eager", "--out", str(tmp_path / "eager")]) == 0
+    assert len(compiled) == 6
+    for method in ("whvi", "ensemble"):
+        jit, eager = (
+            json.loads((tmp_path / run / "runs" / "diabetes" / method / "split0.json").read_text())
+            for run in ("jit", "eager")
+        )
+        assert jit["fingerprint"] != eager["fingerprint"]
+        assert all(math.isfinite(run["row"]["mnll"]) for run in (jit, eager))
