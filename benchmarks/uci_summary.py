@@ -182,7 +182,8 @@ def checks(dataset: str, summary: dict) -> dict:
     published value), ``at_or_below_mcd`` (the WHVI variants whose MNLL is at or below MC dropout's, over the splits
     both were run on, named where that is not all of them: :func:`_on_splits`), ``at_or_below_mcd_same_choice`` (the
     same for a KL weight chosen on validation rows, against MC dropout given that choice:
-    :func:`_against_mcd_with_the_same_choice`) and ``at_floor`` (the methods within :data:`FLOOR_MNLL_GAP` of the
+    :func:`_against_mcd_with_the_same_choice`), ``at_or_below_ensemble`` (the same against our deep ensemble's row,
+    ``None`` without one) and ``at_floor`` (the methods within :data:`FLOOR_MNLL_GAP` of the
     noise floor with their noise within :data:`FLOOR_NOISE_TOLERANCE` of σ; ``None`` without a known floor)."""
     whvi, mfg, mcd = summary.get("whvi"), summary.get("mfg"), summary.get("mcd")
     paper = PAPER_TABLE_3.get(dataset, {}).get("whvi")
@@ -196,6 +197,9 @@ def checks(dataset: str, summary: dict) -> dict:
         if mcd is None
         else _at_or_below([(m, row, mcd) for m, row in summary.items() if is_whvi_variant(m)]),
         "at_or_below_mcd_same_choice": _against_mcd_with_the_same_choice(summary),
+        "at_or_below_ensemble": None
+        if "ensemble" not in summary
+        else _at_or_below([(m, row, summary["ensemble"]) for m, row in summary.items() if is_whvi_variant(m)]),
         "at_floor": [
             m
             for m, row in summary.items()
@@ -229,6 +233,8 @@ def verdict_line(dataset: str, verdict: dict) -> str:
         "WHVI variants with MNLL at or below MC dropout's: "
         + ("no MC dropout row" if beat_mcd is None else ", ".join(beat_mcd) or "none")
     )
+    if verdict.get("at_or_below_ensemble") is not None:
+        parts.append("at or below our deep ensemble's: " + (", ".join(verdict["at_or_below_ensemble"]) or "none"))
     same_choice = verdict["at_or_below_mcd_same_choice"]
     if same_choice is not None:
         parts.append(

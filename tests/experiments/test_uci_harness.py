@@ -439,6 +439,14 @@ def test_uci_summary_script_compares_with_the_paper(tmp_path):
     merged = module.load([tempered, tmp_path], "yacht")
     assert merged["whvi"]["mnll"] == summary["whvi"]["mnll"] and "whvi (KL 0.1)" in merged
     assert module.checks("yacht", {**merged, "mcd": {**row, "mnll": 1e6}})["at_or_below_mcd"] == ["whvi"]
+    # Our deep ensemble is a second reference for every WHVI variant, named in the verdict; absent: no clause.
+    assert module.checks("yacht", merged)["at_or_below_ensemble"] is None
+    for offset, expected in ((1.0, ["whvi"]), (-1.0, [])):
+        ensemble = {**row, "mnll": merged["whvi"]["mnll"] + offset}
+        verdict = module.checks("yacht", {**merged, "ensemble": ensemble})
+        assert [m for m in verdict["at_or_below_ensemble"] if m.startswith("whvi")] == expected
+        line = module.verdict_line("yacht", verdict)
+        assert ("at or below our deep ensemble's: whvi" in line) == bool(expected)
     # A weight chosen on validation rows is its own row too, and a WHVI variant: no test score chose it.
     chosen = tmp_path / "chosen"
     run_uci(directory, replace(config, methods=("whvi",), splits=(0,), kl_weight=(1.0, 0.1)), chosen)
