@@ -136,7 +136,7 @@ def test_ctrl_c_stops_every_rank_with_one_line(tmp_path, target):
         else:
             os.kill(launcher.pid, signal.SIGINT)
         # The launcher gives its ranks 10 s to stop, then kills them. 30 s timed out twice in fresh-clone CI runs on
-        # 2026-11-29 (launcher_alone, the other worker busy; never in ten runs alone or beside a busy loop): not
+        # 2026-11-29 (launcher_alone, the other worker busy; it passed the five times it ran here otherwise): not
         # understood, see issue 50's notes; 90 s tells a slow stop from a hang.
         _, stderr = launcher.communicate(timeout=90)
     finally:
