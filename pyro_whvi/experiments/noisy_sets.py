@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..data.synthetic import SYNTHETIC_FUNCTIONS, latin_hypercube
+from ..data.synthetic import BENCH_FUNCTIONS, latin_hypercube
 from .reporting import write_atomic
 
 __all__ = ["MAX_NOISE", "MIN_NOISE", "MIN_ROWS", "NOISE_FILE", "noise_floor", "read_noise_std", "write_noisy_set"]
@@ -49,7 +49,7 @@ def write_noisy_set(
 ) -> float:
     r"""Write function ``name`` plus Gaussian noise as a UCI-format folder; return the noise's :math:`\sigma`.
 
-    :param name: a key of :data:`~pyro_whvi.data.synthetic.SYNTHETIC_FUNCTIONS`.
+    :param name: a key of :data:`~pyro_whvi.data.synthetic.BENCH_FUNCTIONS`.
     :param num_points: rows of ``data.txt``.
     :param noise: :math:`\sigma` as a fraction of the standard deviation of the function over the design.
         The default, 0.2, is twice the noise scale the models start from (0.1 of the standardized
@@ -60,8 +60,8 @@ def write_noisy_set(
     :param test_fraction: test rows of each split.
     :param seed: determines the design, the noise and the splits.
     """
-    if name not in SYNTHETIC_FUNCTIONS:
-        raise ValueError(f"write_noisy_set: unknown function {name!r}; choose from {', '.join(SYNTHETIC_FUNCTIONS)}")
+    if name not in BENCH_FUNCTIONS:
+        raise ValueError(f"write_noisy_set: unknown function {name!r}; choose from {', '.join(BENCH_FUNCTIONS)}")
     num_test = round(test_fraction * num_points)
     if num_points < MIN_ROWS:
         raise ValueError(
@@ -78,7 +78,7 @@ def write_noisy_set(
             "write_noisy_set: splits >= 1 and a test_fraction leaving test and training rows expected, got "
             f"{splits}, {test_fraction}"
         )
-    spec = SYNTHETIC_FUNCTIONS[name]
+    spec = BENCH_FUNCTIONS[name]
     rng = np.random.default_rng(seed)
     x = spec.from_unit(latin_hypercube(num_points, spec.dim, rng))  # (N, D), natural units
     f = spec(x)

@@ -41,13 +41,14 @@ def _kl_weights(text: str) -> float | tuple[float, ...]:
 
 
 def _protocols(text: str) -> tuple[str, ...]:
-    from .uci_config import UCI_PROTOCOLS
+    from .uci_config import AUTO_PROTOCOL, UCI_PROTOCOLS
 
     names = tuple(dict.fromkeys(part.strip() for part in text.split(",")))
-    unknown = [name for name in names if name not in UCI_PROTOCOLS]
-    if unknown or not names:
+    unknown = [name for name in names if name not in (*UCI_PROTOCOLS, AUTO_PROTOCOL)]
+    if unknown or not names or (AUTO_PROTOCOL in names and len(names) > 1):
         raise argparse.ArgumentTypeError(
-            f"choose from {', '.join(UCI_PROTOCOLS)}, or several separated by commas (e.g. table3,wide), got {text!r}"
+            f"{AUTO_PROTOCOL} alone, or one of {', '.join(UCI_PROTOCOLS)}, or several of them separated by commas "
+            f"(e.g. table3,wide), got {text!r}"
         )
     return names
 
@@ -55,7 +56,7 @@ def _protocols(text: str) -> tuple[str, ...]:
 def add_uci_command(commands) -> None:
     from .methods import BASE_METHODS, ENSEMBLE, METHODS, Schedule
     from .uci import BUNDLED_DATASETS, UCIConfig
-    from .uci_config import DEVICES, UCI_PROTOCOLS
+    from .uci_config import AUTO_PROTOCOL, AUTO_WIDE_FROM_ROWS, DEVICES, UCI_PROTOCOLS
 
     uci = commands.add_parser(
         "uci",
@@ -103,8 +104,9 @@ def add_uci_command(commands) -> None:
     protocol.add_argument(
         "--protocol",
         type=_protocols,
-        metavar="{" + ",".join(UCI_PROTOCOLS) + "}[,...]",
-        help="table3 (the default): the WHVI paper's Table 3, 2x128, lr 1e-3, 50,500 steps; table6: its Table 6 / "
+        metavar="{" + ",".join((AUTO_PROTOCOL, *UCI_PROTOCOLS)) + "}[,...]",
+        help=f"{AUTO_PROTOCOL} (the default): table3 below {AUTO_WIDE_FROM_ROWS:,} training rows, wide from it; "
+        "table3: the WHVI paper's Table 3, 2x128, lr 1e-3, 50,500 steps; table6: its Table 6 / "
         "App. D.2, 1x50 (1x100 for protein), the same schedule; wide: 2x1024, lr 3e-3, 50,500 steps. --hidden, "
         "--layers, --steps and --lr override the protocol. Several, e.g. table3,wide: each split chooses one on a "
         "--val-fraction of its training rows (every candidate trained there, with every --kl-weight), then trains "
@@ -197,12 +199,13 @@ def _one_line_warning(message, category, filename, lineno, file=None, line=None)
 _PROTOCOL_ARGUMENTS = ("hidden", "layers", "steps", "lr", "fixed_noise_steps", "batch_size", "cooldown")
 
 
-def _config_from_arguments(args: argparse.Namespace, dataset: str):
-    """The :class:`~pyro_whvi.experiments.uci_config.UCIConfig` the arguments describe: every argument named as
-    a field goes to it, the protocol's through :meth:`~pyro_whvi.experiments.uci_config.UCIConfig.from_protocol`."""
+def _config_from_arguments(args: argparse.Namespace, dataset: str, train_rows: int):
+    """The :class:`~pyro_whvi.experiments.uci_config.UCIConfig` the arguments describe on ``dataset`` with
+    ``train_rows`` training rows: every argument named as a field goes to it, the protocol's through
+    :meth:`~pyro_whvi.experiments.uci_config.UCIConfig.from_protocol`."""
     from dataclasses import fields
 
-    from .uci_config import UCIConfig
+    from .uci_config import AUTO_PROTOCOL, UCIConfig
 
     if args.preset is not None:
         print(
@@ -212,11 +215,11 @@ def _config_from_arguments(args: argparse.Namespace, dataset: str):
     values = dict(vars(args))
     values["standardize_targets"] = not values.pop("raw_targets")  # the one argument named for its opposite
     values["samples"] = max(2, args.samples)
-    names = {field.name for field in fields(UCIConfig)} - {"schedule", "hidden", "layers", "progress"}
+    names = {field.name for field in fields(UCIConfig)} - {"schedule", "hidden", "layers", "progress", "protocol"}
     settings = {name: value for name, value in values.items() if name in names}
-    protocol = args.protocol or ((args.preset,) if args.preset else ("table3",))
+    protocol = args.protocol or ((args.preset,) if args.preset else (AUTO_PROTOCOL,))
     return UCIConfig.from_protocol(
-        protocol, dataset, **{name: values[name] for name in _PROTOCOL_ARGUMENTS}, **settings
+        protocol, dataset, train_rows=train_rows, **{name: values[name] for name in _PROTOCOL_ARGUMENTS}, **settings
     )
 
 
@@ -248,9 +251,9 @@ def run_uci_command(args: argparse.Namespace) -> int:
             raise ValueError(f"--cooldown: a fraction of the steps in [0, 1) expected (0: none), got {args.cooldown}")
         if args.dropout >= 1:
             raise ValueError(f"--dropout must be below 1, got {args.dropout}")
-        # The folder's own name (no file system call: a bad path is check_source's to report).
-        config = _config_from_arguments(args, Path(source).name)
-        check_uci_memory(config, check_source(source, config.splits))
+        sizes = check_source(source, tuple(dict.fromkeys(args.splits)))
+        config = _config_from_arguments(args, Path(source).name, sizes.train)
+        check_uci_memory(config, sizes)
         check_validation(source, config)
         check_writable(args.out)
     except (ValueError, OSError) as error:

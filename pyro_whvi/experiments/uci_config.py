@@ -11,7 +11,16 @@ from typing import Any
 from ..train.schedule import shard_size
 from .methods import Schedule, parse_method
 
-__all__ = ["DEVICES", "ENGINE_VERSION", "UCI_PROTOCOLS", "UCIConfig", "protocol_settings"]
+__all__ = [
+    "AUTO_PROTOCOL",
+    "AUTO_WIDE_FROM_ROWS",
+    "DEVICES",
+    "ENGINE_VERSION",
+    "UCI_PROTOCOLS",
+    "UCIConfig",
+    "auto_protocol",
+    "protocol_settings",
+]
 
 #: Where ``whvi uci --device`` trains.
 DEVICES = ("cpu", "cuda")
@@ -34,6 +43,25 @@ UCI_PROTOCOLS: dict[str, dict] = {
     "wide": {"layers": 2, "hidden": 1024, "steps": 50_500, "lr": 3e-3},
 }
 TABLE6_LARGE = {"protein": 100}  # dataset folder names (lower case, prefix) that get more units under table6
+
+#: ``whvi uci``'s default protocol: :func:`auto_protocol` picks ``table3`` or ``wide`` by the training rows.
+AUTO_PROTOCOL = "auto"
+#: The training rows from which :func:`auto_protocol` picks ``wide``. Measured per split on the synthetic bench
+#: (WHVI, both protocols trained on all the training rows, ``benchmarks/results/protocol_choice/``): ``table3`` is
+#: better at 450 rows (by 0.42 nats) and on the robot arm at 1,800 (by 0.50, two splits); ``wide`` is better on every
+#: function measured from 4,500 rows up (0.24-0.27 nats at 4,500, 0.25 at 18,000, 0.24 at 45,000) and on three of the
+#: four 7k-41k-row UCI sets measured; between, the order depends on the function (hartmann6 prefers ``wide`` at
+#: 1,800 by 0.12-0.17, where the robot arm loses 0.5 with it). 3,000 is near the geometric middle of 1,800 and 4,500.
+AUTO_WIDE_FROM_ROWS = 3_000
+
+
+def auto_protocol(train_rows: int) -> str:
+    """The protocol ``--protocol auto`` trains with on ``train_rows`` training rows: ``table3`` below
+    :data:`AUTO_WIDE_FROM_ROWS`, ``wide`` from it. It costs one run, where choosing on held-out rows
+    (``--protocol table3,wide``) costs about three and chose no better on the splits measured."""
+    if isinstance(train_rows, bool) or not isinstance(train_rows, int) or train_rows < 1:
+        raise ValueError(f"auto_protocol: a positive number of training rows expected, got {train_rows!r}")
+    return "wide" if train_rows >= AUTO_WIDE_FROM_ROWS else "table3"
 
 
 def protocol_settings(name: str, dataset: str, **overrides: int | float | None) -> dict:
@@ -61,7 +89,7 @@ _VERSIONS = {name: 2 for name in ("whvi", "nf-whvi", "whvi+iblm", "nf-whvi+iblm"
 # Adam state no longer starts from the gradient summed over the fixed-noise phase). 3: torch's fused Adam (issue 50:
 # the same update, rounded differently), and NF-WHVI's flows on the fused planar op (rounded differently).
 ENGINE_VERSION = 3
-_NOT_FINGERPRINTED = ("methods", "splits", "checkpoint_every", "progress")
+_NOT_FINGERPRINTED = ("methods", "splits", "checkpoint_every", "progress", "protocol")
 # Settings added after results were stored, with the value every earlier run had: at that value they stay out of
 # the fingerprint, so that those results remain valid.
 _LATER_SETTINGS = {"standardize_targets": True, "kl_weight": 1.0, "device": "cpu", "protocols": ()}
@@ -99,6 +127,10 @@ class UCIConfig:
     learning rate are then the candidates', the rest of the schedule is shared. Empty (the default): this
     config's own network and schedule.
 
+    ``protocol``: how the network and schedule were named (``"table3"``, or ``"auto: wide (8,611 training rows,
+    wide from 3,000)"`` for :data:`AUTO_PROTOCOL`), shown in the table's header; a label, not a setting, so it is
+    not fingerprinted (``hidden``, ``layers`` and the schedule are).
+
     ``device``: where the model, the data and the training go (``"cpu"``, the default, or ``"cuda"``);
     predictions and metrics come back to the CPU. It enters the fingerprint only when it is not ``"cpu"``
     (CUDA draws other random numbers and sums in another order, so a CUDA run does not reuse a CPU run's
@@ -132,6 +164,7 @@ class UCIConfig:
     device: str = "cpu"
     protocols: tuple[dict[str, Any], ...] = ()
     jit: bool = True
+    protocol: str = ""
 
     def __post_init__(self) -> None:
         # Each method and split once: a repeated one would be read back and counted as another split.
@@ -224,13 +257,24 @@ class UCIConfig:
         fixed_noise_steps: int = Schedule.fixed_noise_steps,
         batch_size: int | None = Schedule.batch_size,
         cooldown: float = Schedule.cooldown,
+        train_rows: int | None = None,
         **fields,
     ) -> UCIConfig:
         """The settings of ``whvi uci --protocol name`` on ``dataset`` (a folder or bundled set's name):
         :func:`protocol_settings` with the overrides that are not ``None``, the rest of the schedule, and any
         other field of :class:`UCIConfig` as a keyword. Several names (a tuple) are candidates chosen per split
-        (``protocols``), the overrides applied to each; the config's own network and schedule are the first's."""
+        (``protocols``), the overrides applied to each; the config's own network and schedule are the first's.
+        :data:`AUTO_PROTOCOL` (alone) is :func:`auto_protocol` of ``train_rows``, which it then needs."""
         names = (name,) if isinstance(name, str) else tuple(dict.fromkeys(name))
+        label = names[0] if len(names) == 1 else ""
+        if AUTO_PROTOCOL in names:
+            if len(names) > 1:
+                raise ValueError(f"--protocol: {AUTO_PROTOCOL} picks one protocol by the rows; give it alone")
+            if train_rows is None:
+                raise TypeError(f"UCIConfig.from_protocol: {AUTO_PROTOCOL!r} needs train_rows")
+            names = (auto_protocol(train_rows),)
+            label = f"{AUTO_PROTOCOL}: {names[0]} ({train_rows:,} training rows, wide from {AUTO_WIDE_FROM_ROWS:,})"
+        fields.setdefault("protocol", label)
         overrides = {"layers": layers, "hidden": hidden, "steps": steps, "lr": lr}
         candidates = [{"name": each, **protocol_settings(each, dataset, **overrides)} for each in names]
         if len(candidates) > 1:

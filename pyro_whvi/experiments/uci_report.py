@@ -96,6 +96,8 @@ def summary_table(name: str, summary: list[dict[str, Any]], config: UCIConfig) -
     device = f", trained on {config.device}" if config.device != "cpu" else ""
     network = f"{config.layers}x{config.hidden} ReLU, {schedule.steps} steps{noise}, batch {schedule.batch_size}, "
     network += f"lr {schedule.lr:g}"
+    if config.protocol:
+        network = f"protocol {config.protocol}, {network}"
     if config.protocols:
         choices = ", ".join(
             f"{p['name']} ({p['layers']}x{p['hidden']}, {p['steps']} steps, lr {p['lr']:g})" for p in config.protocols

@@ -10,20 +10,20 @@ import pytest
 import torch
 
 from pyro_whvi.data import load_uci_split
-from pyro_whvi.data.synthetic import SYNTHETIC_FUNCTIONS
+from pyro_whvi.data.synthetic import BENCH_FUNCTIONS
 from pyro_whvi.experiments.cli import main
 from pyro_whvi.experiments.methods import Schedule
 from pyro_whvi.experiments.noisy_sets import noise_floor, read_noise_std, write_noisy_set
 from pyro_whvi.experiments.uci import UCIConfig, run_uci
 
 
-@pytest.mark.parametrize("name", list(SYNTHETIC_FUNCTIONS))
+@pytest.mark.parametrize("name", list(BENCH_FUNCTIONS))
 def test_written_set_is_the_function_plus_noise_of_the_stated_sigma(name, tmp_path):
     sigma = write_noisy_set(name, tmp_path, num_points=4000, noise=0.3, splits=2, seed=1)
     assert read_noise_std(tmp_path) == pytest.approx(sigma, rel=1e-15)
     data = np.loadtxt(tmp_path / "data.txt")
-    dim = SYNTHETIC_FUNCTIONS[name].dim
-    f = SYNTHETIC_FUNCTIONS[name](data[:, :dim])
+    dim = BENCH_FUNCTIONS[name].dim
+    f = BENCH_FUNCTIONS[name](data[:, :dim])
     assert sigma == pytest.approx(0.3 * f.std(), rel=1e-12)  # sigma is exactly the stated fraction of std(f)
     residual = data[:, dim] - f
     # the sample std of 4000 normals is within 4 standard errors (sigma / sqrt(2 * 4000)) of sigma

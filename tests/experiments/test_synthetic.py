@@ -9,26 +9,30 @@ import pytest
 import torch
 
 from pyro_whvi.data.synthetic import (
+    ANALOGUE_FUNCTIONS,
+    BENCH_FUNCTIONS,
     SYNTHETIC_FUNCTIONS,
     borehole,
+    hartmann4,
     hartmann6,
     latin_hypercube,
     make_synthetic_dataset,
     otl_circuit,
     rastrigin,
     robot_arm,
+    wing_weight,
 )
 
 NAMES = ("borehole", "hartmann6", "rastrigin5", "robot", "otlcircuit")
 
 
 def _midpoint(name: str) -> np.ndarray:
-    spec = SYNTHETIC_FUNCTIONS[name]
+    spec = BENCH_FUNCTIONS[name]
     return np.array([[(lo + hi) / 2 for lo, hi in zip(spec.lower, spec.upper)]])
 
 
 def _sample(name: str, num: int = 20_000) -> np.ndarray:
-    spec = SYNTHETIC_FUNCTIONS[name]
+    spec = BENCH_FUNCTIONS[name]
     return spec(spec.from_unit(np.random.default_rng(123).random((num, spec.dim))))
 
 
@@ -40,6 +44,52 @@ def test_registry():
     assert [SYNTHETIC_FUNCTIONS[n].dim for n in NAMES] == [8, 6, 5, 8, 6]
     for spec in SYNTHETIC_FUNCTIONS.values():
         assert all(lo < hi for lo, hi in zip(spec.lower, spec.upper))
+
+
+def test_analogue_registry():
+    # stand-ins for power (4 inputs, 9,568 rows) and protein (9 inputs, 45,730 rows), after the paper's five
+    assert {name: (spec.dim, spec.paper_size) for name, spec in ANALOGUE_FUNCTIONS.items()} == {
+        "hartmann4": (4, 9_568),
+        "wingweight": (10, 45_730),
+    }
+    assert tuple(BENCH_FUNCTIONS) == (*NAMES, "hartmann4", "wingweight")
+
+
+def test_hartmann4_is_the_rescaled_truncation_of_hartmann6():
+    # Picheny et al.'s minimum (DiceOptim's hartman4): -3.135474 at (0.1873, 0.1906, 0.5566, 0.2647)
+    assert hartmann4(np.array([[0.1873, 0.1906, 0.5566, 0.2647]]))[0] == pytest.approx(-3.135474, abs=2e-3)
+    values = _sample("hartmann4")
+    assert values.min() > -3.1356
+    # rescaled to about zero mean and unit variance on the unit cube (20,000 uniform points; the rescaling is
+    # Picheny's, fitted to their own design, so 0.1 is allowed)
+    assert abs(values.mean()) < 0.1 and abs(values.std() - 1) < 0.1
+    # the first four columns of hartmann6's inner sum, by hand at one point
+    x = np.array([[0.3, 0.6, 0.1, 0.9]])
+    alpha = [1.0, 1.2, 3.0, 3.2]
+    a = [[10, 3, 17, 3.5], [0.05, 10, 17, 0.1], [3, 3.5, 1.7, 10], [17, 8, 0.05, 10]]
+    p = [[0.1312, 0.1696, 0.5569, 0.0124], [0.2329, 0.4135, 0.8307, 0.3736]]
+    p += [[0.2348, 0.1451, 0.3522, 0.2883], [0.4047, 0.8828, 0.8732, 0.5743]]
+    total = sum(alpha[i] * math.exp(-sum(a[i][j] * (x[0, j] - p[i][j]) ** 2 for j in range(4))) for i in range(4))
+    assert hartmann4(x)[0] == pytest.approx((1.1 - total) / 0.839, rel=1e-12)
+
+
+def test_wing_weight_by_hand_and_its_physics():
+    sw, wfw, aspect, _sweep, q, taper, tc, nz, wdg, wp = 175, 260, 8, 0, 30.5, 0.75, 0.13, 4.25, 2100, 0.0525
+    # the domain's midpoint has sweep 0, so cos(sweep) = 1
+    wing = 0.036 * sw**0.758 * wfw**0.0035 * aspect**0.6 * q**0.006 * taper**0.04 * (100 * tc) ** -0.3
+    by_hand = wing * (nz * wdg) ** 0.49 + sw * wp
+    assert wing_weight(_midpoint("wingweight"))[0] == pytest.approx(by_hand, rel=1e-12)
+    # the sweep enters as cos(degrees): +-10 degrees give the same weight
+    swept = _midpoint("wingweight").repeat(2, axis=0)
+    swept[:, 3] = (10.0, -10.0)
+    assert swept[0, 3] == 10 and wing_weight(swept)[0] == pytest.approx(wing_weight(swept)[1], rel=1e-14)
+    # heavier with more wing area, load factor and gross weight
+    for column in (0, 7, 8):
+        more = _midpoint("wingweight")
+        more[0, column] *= 1.1
+        assert wing_weight(more)[0] > by_hand
+    values = _sample("wingweight")
+    assert 100 < values.min() and values.max() < 500  # the published range is about 123-463 lb
 
 
 def test_hartmann6_global_minimum():

@@ -340,12 +340,54 @@ def test_several_protocols_are_chosen_per_split_on_validation_rows(tmp_path, mon
     assert "protocol chosen per split from table6" in (tmp_path / "cli" / "uci_diabetes.md").read_text()
     capsys.readouterr()
     for bad, message in (
-        ("table3,table9", "choose from table3, table6, wide, or several separated by commas"),
-        ("", "choose from table3, table6, wide"),
+        ("table3,table9", "auto alone, or one of table3, table6, wide, or several of them separated by commas"),
+        ("", "auto alone, or one of table3, table6, wide"),
+        ("auto,wide", "auto alone"),
     ):
         with pytest.raises(SystemExit) as exit_code:
             main([*args, "--protocol", bad, "--out", str(tmp_path / "bad")])
         assert exit_code.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_auto_protocol_picks_table3_or_wide_by_the_training_rows(tmp_path, monkeypatch):
+    """``--protocol auto``, the default: ``table3`` below AUTO_WIDE_FROM_ROWS training rows, ``wide`` from it. The
+    choice is the fixed protocol's run (same fingerprint, so stored table3 results stay valid), and the table says
+    which protocol the rows gave."""
+    from pyro_whvi.experiments import uci_config
+    from pyro_whvi.experiments.cli import main
+    from pyro_whvi.experiments.uci_config import AUTO_WIDE_FROM_ROWS, auto_protocol
+
+    assert AUTO_WIDE_FROM_ROWS == 3_000
+    assert [auto_protocol(n) for n in (1, 2_999, 3_000, 45_000)] == ["table3", "table3", "wide", "wide"]
+    for bad in (0, -5, 2.5, True):
+        with pytest.raises(ValueError, match="positive number of training rows"):
+            auto_protocol(bad)
+    for rows, name in ((2_999, "table3"), (3_000, "wide")):
+        auto = UCIConfig.from_protocol("auto", "kin8nm", train_rows=rows, steps=7)
+        fixed = UCIConfig.from_protocol(name, "kin8nm", steps=7)
+        assert replace(auto, protocol="") == replace(fixed, protocol="")
+        assert auto.fingerprint("whvi", "k") == fixed.fingerprint("whvi", "k")
+        assert auto.protocol == f"auto: {name} ({rows:,} training rows, wide from 3,000)" and fixed.protocol == name
+    wide = UCIConfig.from_protocol("auto", "kin8nm", train_rows=7_373)
+    assert (wide.layers, wide.hidden, wide.schedule.steps, wide.schedule.lr) == (2, 1024, 50_500, 3e-3)
+    with pytest.raises(TypeError, match="needs train_rows"):
+        UCIConfig.from_protocol("auto", "kin8nm")
+    with pytest.raises(ValueError, match="give it alone"):
+        UCIConfig.from_protocol(("auto", "wide"), "kin8nm", train_rows=10)
+    # The command's default: diabetes has 398 training rows, so table3; with the threshold below them, wide.
+    args = ["uci", "--dataset", "diabetes", "--methods", "mcd", "--splits", "0", "--samples", "4", "--steps", "3"]
+    assert main([*args, "--out", str(tmp_path / "small")]) == 0
+    header = (tmp_path / "small" / "uci_diabetes.md").read_text()
+    assert "protocol auto: table3 (398 training rows, wide from 3,000), 2x128 ReLU" in header
+    stored = tmp_path / "small" / "runs" / "diabetes" / "mcd" / "split0.json"
+    first = json.loads(stored.read_text())
+    assert main([*args, "--protocol", "table3", "--out", str(tmp_path / "small")]) == 0  # read back, not retrained
+    assert json.loads(stored.read_text()) == first
+    monkeypatch.setattr(uci_config, "AUTO_WIDE_FROM_ROWS", 300)
+    assert main([*args, "--out", str(tmp_path / "large")]) == 0
+    assert "protocol auto: wide (398 training rows, wide from 300), 2x1024 ReLU" in (
+        tmp_path / "large" / "uci_diabetes.md"
+    ).read_text()
 
 
 def test_bundled_sets_load_for_both_tasks():
@@ -571,7 +613,7 @@ def test_protocols_and_the_deprecated_preset_flag(tmp_path, capsys):
     assert config.schedule == replace(defaults.schedule, steps=7, lr=3e-3, batch_size=32)
     args = ["uci", "--dataset", "diabetes", "--protocol", "table6", "--methods", "mfg", "--splits", "0"]
     assert main([*args, "--steps", "3", "--samples", "4", "--out", str(tmp_path)]) == 0
-    assert (tmp_path / "uci_diabetes.md").read_text().startswith("### diabetes: 1x50 ReLU, 3 steps")
+    assert (tmp_path / "uci_diabetes.md").read_text().startswith("### diabetes: protocol table6, 1x50 ReLU, 3 steps")
     wide = tmp_path / "wide"
     # --preset, the flag's name before --protocol, still works for one release, with a notice on stderr.
     args = ["uci", "--dataset", "diabetes", "--preset", "wide", "--methods", "whvi", "--splits", "0", "--steps", "3"]
