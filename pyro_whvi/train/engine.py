@@ -2,15 +2,14 @@ r"""The one training loop of the application: Pyro's ELBO (or any loss module), 
 
 :func:`optimize` minimizes a loss module ``objective(x_batch, y_batch[, num_data=N])`` with Adam under a
 :class:`Schedule`, drawing minibatches from :class:`Minibatches` (the one sampler). :func:`train` is it for a
-Pyro model and guide: it optimizes ``Trace_ELBO()(model, guide)`` (Pyro's ``ELBOModule``, the path Pyro
-documents for PyTorch optimizers, Lightning and DDP); the GP regressors
-(:mod:`pyro_whvi.experiments.gp_regressors`) pass their negative ELBO. The same loop runs in one process and
-in every rank of a ``torch.distributed`` group (:mod:`pyro_whvi.train.distributed`):
+Pyro model and guide: it optimizes ``Trace_ELBO()(model, guide)`` (Pyro's ``ELBOModule``, the path Pyro documents
+for PyTorch optimizers, Lightning and DDP); the GP regressors (:mod:`pyro_whvi.experiments.gp_regressors`) pass
+their negative ELBO. The same loop runs in one process and in every rank of a ``torch.distributed`` group
+(:mod:`pyro_whvi.train.distributed`):
 
-* **Parameters** are created by one warm-up call of the guide, then wrapped in
-  ``DistributedDataParallel``, which broadcasts rank 0's values (and buffers, once: a buffer a model
-  updates during training, such as BatchNorm's running statistics, stays per rank) and averages the
-  gradients.
+* **Parameters** are created by one warm-up call of the guide, then wrapped in ``DistributedDataParallel``, which
+  broadcasts rank 0's values (and buffers, once: a buffer a model updates during training, such as BatchNorm's
+  running statistics, stays per rank) and averages the gradients.
 * **Minibatches**: every rank draws the same global batch of ``batch_size`` indices (with replacement, or
   without within epochs, from a generator seeded by ``seed``) and keeps its own contiguous shard of
   ``batch_size / world``; the likelihood is scaled to the full data set (``num_data``). The average of the
@@ -150,7 +149,8 @@ def train(
     if kl_weight != 1.0:
         loss = _AnnealedLoss(loss, KLAnnealing(kl_weight))
     # Graphs run as traced: the optimizing executor's rewrite rounds differently, so a resumed run would not match.
-    with pyro.validation_enabled(False), naming_kl_weight(kl_weight), torch.jit.optimized_execution(not jit):
+    as_traced = torch.jit.optimized_execution(False) if jit else contextlib.nullcontext()  # eager: the user's setting
+    with pyro.validation_enabled(False), naming_kl_weight(kl_weight), as_traced:
         return optimize(
             loss,
             x,

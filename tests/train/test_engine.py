@@ -215,3 +215,21 @@ def test_train_with_the_jit_takes_the_eager_steps(kl_weight):
     assert runs[2] == pytest.approx(runs[0], rel=1e-9)
     with pytest.raises(ValueError, match=r"noise='per_example'.*jit=False"):
         train(model, guide, x, y, schedule, progress=False, jit=True, noise="per_example")
+
+
+@pytest.mark.parametrize("users", [True, False])
+def test_only_compiled_graphs_are_run_as_traced(users, monkeypatch):
+    """``jit`` runs TorchScript graphs without the optimizing executor (its rewrite rounds differently, so a resumed
+    run would not match); an eager run leaves the user's setting alone, for TorchScript modules inside a model."""
+    from pyro_whvi.train import engine
+
+    seen = []
+    monkeypatch.setattr(
+        engine, "optimize", lambda *args, **kwargs: seen.append(torch._C._get_graph_executor_optimize())
+    )
+    x, y = regression_data(10)
+    for jit in (False, True):
+        model, guide = _model_and_guide("normal")
+        with torch.jit.optimized_execution(users):
+            train(model, guide, x, y, Schedule(1, 0, BATCH, LR), progress=False, jit=jit)
+    assert seen == [users, False]
