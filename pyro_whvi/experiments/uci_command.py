@@ -69,8 +69,10 @@ def add_uci_command(commands) -> None:
             + ", each but mcd optionally with +iblm (I-BLM initialization), and "
             + ENSEMBLE
             + " (deep ensembles: 5 networks with mean-variance heads, each trained on its own under the same schedule, "
-            "predicting as their mixture; Lakshminarayanan et al. 2017). The defaults are the WHVI paper's Table 3 "
-            "set-up (App. D.1: 2x128 ReLU, 50,500 steps, batch 64, Adam 1e-3 decayed, noise fixed for 500 steps)."
+            "predicting as their mixture; Lakshminarayanan et al. 2017). The schedule is the WHVI paper's (App. D.1: "
+            "50,500 steps, batch 64, Adam decayed, noise fixed for 500 steps); the network by default (--protocol "
+            f"auto) its Table 3's 2x128 ReLU at lr 1e-3 below {AUTO_WIDE_FROM_ROWS:,} training rows, 2x1024 at lr "
+            "3e-3 from them."
         ),
     )
     source = uci.add_mutually_exclusive_group()
