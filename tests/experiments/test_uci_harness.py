@@ -385,9 +385,10 @@ def test_auto_protocol_picks_table3_or_wide_by_the_training_rows(tmp_path, monke
     assert json.loads(stored.read_text()) == first
     monkeypatch.setattr(uci_config, "AUTO_WIDE_FROM_ROWS", 300)
     assert main([*args, "--out", str(tmp_path / "large")]) == 0
-    assert "protocol auto: wide (398 training rows, wide from 300), 2x1024 ReLU" in (
-        tmp_path / "large" / "uci_diabetes.md"
-    ).read_text()
+    assert (
+        "protocol auto: wide (398 training rows, wide from 300), 2x1024 ReLU"
+        in (tmp_path / "large" / "uci_diabetes.md").read_text()
+    )
 
 
 def test_bundled_sets_load_for_both_tasks():
