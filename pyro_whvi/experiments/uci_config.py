@@ -48,10 +48,11 @@ TABLE6_LARGE = {"protein": 100}  # dataset folder names (lower case, prefix) tha
 AUTO_PROTOCOL = "auto"
 #: The training rows from which :func:`auto_protocol` picks ``wide``. Measured per split on the synthetic bench
 #: (WHVI, both protocols trained on all the training rows, ``benchmarks/results/protocol_choice/``): ``table3`` is
-#: better at 450 rows (by 0.42 nats) and on the robot arm at 1,800 (by 0.50, two splits); ``wide`` is better on every
-#: function measured from 4,500 rows up (0.24-0.27 nats at 4,500, 0.25 at 18,000, 0.24 at 45,000) and on three of the
-#: four 7k-41k-row UCI sets measured; between, the order depends on the function (hartmann6 prefers ``wide`` at
-#: 1,800 by 0.12-0.17, where the robot arm loses 0.5 with it). 3,000 is near the geometric middle of 1,800 and 4,500.
+#: better at 450 rows (by 0.42 nats) and on the robot arm at 1,800 and 2,700 (by 0.45-0.50 and 0.09); ``wide`` is
+#: better on every function measured from 4,500 rows up (0.24-0.27 nats at 4,500, 0.25 at 18,000, 0.24 at 45,000) and
+#: on three of the four 7k-41k-row UCI sets of issue 49; below, the order depends on the function (hartmann6 prefers
+#: ``wide`` at 1,800 and 2,700 by 0.08-0.17). Right on 9 of those 14 splits, a tie on 1; choosing on held-out rows
+#: was right on no more of them, at 3.3-4.7 times the cost.
 AUTO_WIDE_FROM_ROWS = 3_000
 
 
