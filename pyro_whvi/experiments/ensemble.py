@@ -65,8 +65,8 @@ __all__ = [
     "resumed_member_seconds",
 ]
 
-#: Each task's member likelihood: regression gets the mean-variance head.
-MEMBER_LIKELIHOODS = {"gaussian": "heteroscedastic", "categorical": "categorical"}
+#: Each task's member likelihood: regression (either Gaussian likelihood) gets the mean-variance head.
+MEMBER_LIKELIHOODS = {"gaussian": "heteroscedastic", "heteroscedastic": "heteroscedastic", "categorical": "categorical"}
 
 
 class EnsembleGuide(nn.ModuleList):

@@ -22,7 +22,8 @@ Append ``+iblm`` (``whvi+iblm``, ``mfg+iblm``, ...) to start the guide from I-BL
 :func:`fit` runs the WHVI paper's schedule (App. D.1) through :func:`pyro_whvi.train.engine.train`: Adam
 with the learning rate :math:`\lambda_t = \lambda_0 (1 + \gamma t)^{-p}`, minibatches, and for
 regression the noise scale held fixed for the first ``fixed_noise_steps``, in one process or
-data-parallel; :func:`predictive_samples` draws the Monte-Carlo predictive with ``Predictive``.
+data-parallel; :func:`predictive_samples` (:func:`predictive_sites`) draws the Monte-Carlo predictive with
+``Predictive``.
 
 Shape letters: ``S`` posterior samples, ``N`` examples, ``D`` inputs, ``C`` classes.
 
@@ -68,6 +69,7 @@ __all__ = [
     "make_guide",
     "parse_method",
     "predictive_samples",
+    "predictive_sites",
 ]
 
 #: The WHVI methods and the ``covariance`` of their ``q(g)`` (:class:`~pyro_whvi.AutoWHVIGuide`).
@@ -252,22 +254,33 @@ def fit(
 
 
 def predictive_samples(model, guide, x: Tensor, num_samples: int = 64, progress: bool | str = False) -> Tensor:
-    """Monte-Carlo samples of the network output ``f``: ``(S, N)`` for one output, else ``(S, N, C)``.
+    """Monte-Carlo samples of the network output ``f``: ``(S, N)`` for one output, else ``(S, N, C)``
+    (:func:`predictive_sites` of ``f`` alone)."""
+    return predictive_sites(model, guide, x, num_samples, progress)["f"]
+
+
+def predictive_sites(
+    model, guide, x: Tensor, num_samples: int = 64, progress: bool | str = False, sites: tuple[str, ...] = ("f",)
+) -> dict[str, Tensor]:
+    """Monte-Carlo samples of the model's deterministic ``sites``, each from the same posterior draws: ``f``, and
+    for a mean-variance head (``BayesianMLP(likelihood="heteroscedastic")``) ``noise``, the standard deviation it
+    predicts; each ``(S, N)`` for one output, else ``(S, N, C)``.
 
     ``Predictive`` keeps every posterior sample of the weights until it stacks the outputs, so the samples
     are drawn in chunks (:func:`~pyro_whvi.experiments.memory_budget.prediction_chunk`: one when they fit,
     as for the defaults); with several chunks ``progress`` (a label) shows a progress bar. For an ensemble
-    (an :class:`~pyro_whvi.experiments.ensemble.EnsembleGuide`) its networks' means (logits), one row each,
-    whatever ``num_samples`` (:func:`~pyro_whvi.experiments.ensemble.member_predictions`).
+    (an :class:`~pyro_whvi.experiments.ensemble.EnsembleGuide`) its networks' means (logits) and heads' standard
+    deviations, one row each, whatever ``num_samples`` (:func:`~pyro_whvi.experiments.ensemble.member_predictions`).
     """
     if isinstance(guide, EnsembleGuide):
-        return member_predictions(model, guide, x)[0]
+        means, scales = member_predictions(model, guide, x)
+        return {"f": means} if scales is None else {"f": means, "noise": scales}
     if isinstance(model, BayesianMLP):
         weights = dense_weights(model.widths)
     else:
         weights = sum(t.numel() for t in (*model.parameters(), *model.buffers()))
     chunk = prediction_chunk(num_samples, weights, x.element_size())
-    parts = []
+    parts: dict[str, list[Tensor]] = {site: [] for site in sites}
     label = progress if isinstance(progress, str) else "predicting"
     with (
         torch.no_grad(),
@@ -276,8 +289,16 @@ def predictive_samples(model, guide, x: Tensor, num_samples: int = 64, progress:
     ):
         for first in range(0, num_samples, chunk):
             size = min(chunk, num_samples - first)
-            f = Predictive(model, guide=guide, num_samples=size, return_sites=["f"])(x)["f"]
-            parts.append(f.reshape(size, x.shape[0], -1))
+            drawn = Predictive(model, guide=guide, num_samples=size, return_sites=list(sites))(x)
+            missing = [site for site in sites if site not in drawn]
+            if missing:
+                recorded = sorted(drawn)
+                raise ValueError(f"predictive_sites: the model records no site {missing[0]!r}; it records {recorded}")
+            for site in sites:
+                parts[site].append(drawn[site].reshape(size, x.shape[0], -1))
             bar.update(size)
-    f = parts[0] if len(parts) == 1 else torch.cat(parts)
-    return f[..., 0] if f.shape[-1] == 1 else f
+    result = {}
+    for site, values in parts.items():
+        value = values[0] if len(values) == 1 else torch.cat(values)
+        result[site] = value[..., 0] if value.shape[-1] == 1 else value
+    return result

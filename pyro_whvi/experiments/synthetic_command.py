@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from .arguments import at_most, choices, float_in, nonnegative
-from .noisy_sets import MAX_NOISE, MIN_NOISE, MIN_ROWS
+from .noisy_sets import MAX_NOISE, MIN_NOISE, MIN_ROWS, NOISE_PROFILES
 from .uci_data import MAX_SPLITS
 
 __all__ = ["add_synthetic_command", "run_synthetic_command"]
@@ -58,6 +58,14 @@ def add_synthetic_command(commands) -> None:
         help=f"sigma / std(f), from {MIN_NOISE:g} to {MAX_NOISE:g} (default 0.2)",
     )
     synthetic.add_argument(
+        "--noise-profile",
+        choices=NOISE_PROFILES,
+        default=NOISE_PROFILES[0],
+        help="constant (the default): one sigma; ramp: sigma(x) = sigma (0.25 + 1.5 u1) along the first input's unit "
+        "coordinate u1, from 0.25 to 1.75 sigma, sigma on average: input-dependent noise, one sigma(x) per row in "
+        "noise_std.txt, and whvi uci's floor is the test rows' (--likelihood heteroscedastic models it)",
+    )
+    synthetic.add_argument(
         "--splits",
         type=at_most(MAX_SPLITS, "the most whvi uci --splits takes at once"),
         default=5,
@@ -78,9 +86,16 @@ def run_synthetic_command(args: argparse.Namespace) -> int:
         check_writable(args.out)
         for name in args.functions:
             sigma = write_noisy_set(
-                name, args.out / name, num_points=args.rows, noise=args.noise, splits=args.splits, seed=args.seed
+                name,
+                args.out / name,
+                num_points=args.rows,
+                noise=args.noise,
+                splits=args.splits,
+                seed=args.seed,
+                profile=args.noise_profile,
             )
-            print(f"wrote {args.out / name} (sigma = {sigma:.4g})")
+            ramp = ", from 0.25 to 1.75 times it along the first input" if args.noise_profile == "ramp" else ""
+            print(f"wrote {args.out / name} (sigma = {sigma:.4g}{ramp})")
     except (ValueError, OSError) as error:
         args.subparser.error(str(error))
     print(f"\nnext: whvi uci --data-dir {args.out / args.functions[0]} --methods whvi,mcd --splits 0-{args.splits - 1}")

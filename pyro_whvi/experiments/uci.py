@@ -44,7 +44,7 @@ from .arguments import check_device
 from .ensemble import remove_checkpoints
 from .memory_checks import check_uci_memory
 from .methods import MethodSpec, parse_method
-from .noisy_sets import NOISE_FILE, noise_floor, read_noise_std
+from .noisy_sets import NOISE_FILE, noise_floor, split_noise_std
 from .reporting import check_writable, save_tables, write_atomic
 from .uci_config import ENGINE_VERSION, UCIConfig
 from .uci_data import (
@@ -229,9 +229,9 @@ def _run_jobs(source: str | Path, config: UCIConfig, out: Path) -> tuple[list[di
             reliability.setdefault(method, []).append(saved["reliability"])
     if not leader:
         return [], ""
-    sigma = None if is_bundled(source) else read_noise_std(source)
-    if sigma is not None:
-        rows = [with_floor(row, sigma) for row in rows]
+    sigmas = {} if is_bundled(source) else {split: split_noise_std(source, split) for split in config.splits}
+    if any(sigma is not None for sigma in sigmas.values()):
+        rows = [with_floor(row, sigmas[row["split"]]) for row in rows]
     summary = summarize(rows, config.methods)
     text = summary_table(name, summary, config)
     if config.choosing:
@@ -240,11 +240,20 @@ def _run_jobs(source: str | Path, config: UCIConfig, out: Path) -> tuple[list[di
             f"{method}: " + ", ".join(_choice(row, config) for row in rows if row["method"] == method)
             for method in config.methods
         )
-    if sigma is not None:
+    sigma = next(iter(sigmas.values()), None)
+    if isinstance(sigma, float):
         floor = noise_floor(sigma)
         text += (
             f"\n\nKnown noise σ = {sigma:.4g} ({NOISE_FILE}): the best possible test RMSE is σ and the best test MNLL "
             f"{floor['mnll_floor']:.3f}."
+        )
+    elif sigma is not None:  # one per row: each split's floor is its test rows'
+        floors = [noise_floor(each) for each in sigmas.values() if each is not None]
+        rmse_floor, mnll_floor = (sum(floor[key] for floor in floors) / len(floors) for key in floors[0])
+        text += (
+            f"\n\nKnown noise σ(x), one per row ({NOISE_FILE}): the best possible test RMSE is the root mean square "
+            f"of the test rows' σ(x), {rmse_floor:.4g}, and the best test MNLL the mean of ½ log(2π σ(x)²) + ½ over "
+            f"them, {mnll_floor:.3f} (means over the splits; each row's ratios and gap are to its split's)."
         )
     meta = {"dataset": str(source), "config": json.loads(json.dumps(asdict(config), default=str)), "splits": rows}
     save_tables(out, f"uci_{name}", meta, summary, text)

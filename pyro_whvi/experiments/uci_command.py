@@ -56,7 +56,7 @@ def _protocols(text: str) -> tuple[str, ...]:
 def add_uci_command(commands) -> None:
     from .methods import BASE_METHODS, ENSEMBLE, METHODS, Schedule
     from .uci import BUNDLED_DATASETS, UCIConfig
-    from .uci_config import AUTO_PROTOCOL, AUTO_WIDE_FROM_ROWS, DEVICES, UCI_PROTOCOLS
+    from .uci_config import AUTO_PROTOCOL, AUTO_WIDE_FROM_ROWS, DEVICES, REGRESSION_LIKELIHOODS, UCI_PROTOCOLS
 
     uci = commands.add_parser(
         "uci",
@@ -124,6 +124,14 @@ def add_uci_command(commands) -> None:
         default=defaults.noise_scale,
         help=f"the Gaussian noise scale's initial value, held for --fixed-noise-steps, in the targets' training units "
         f"(default {defaults.noise_scale}: a tenth of the standardized targets' scale)",
+    )
+    uci.add_argument(
+        "--likelihood",
+        choices=REGRESSION_LIKELIHOODS,
+        default=defaults.likelihood,
+        help="regression: gaussian (the default, the papers': one learned noise scale) or heteroscedastic (a "
+        "mean-variance head: the last layer also predicts each row's noise, under the method's posterior; not with "
+        "+iblm). ensemble has the head either way",
     )
     uci.add_argument(
         "--raw-targets",
@@ -254,6 +262,8 @@ def run_uci_command(args: argparse.Namespace) -> int:
         if args.dropout >= 1:
             raise ValueError(f"--dropout must be below 1, got {args.dropout}")
         sizes = check_source(source, tuple(dict.fromkeys(args.splits)))
+        if args.likelihood != "gaussian" and sizes.outputs > 1:
+            raise ValueError(f"--likelihood {args.likelihood} is for regression; {source} is a classification set")
         config = _config_from_arguments(args, Path(source).name, sizes.train)
         check_uci_memory(config, sizes)
         check_validation(source, config)

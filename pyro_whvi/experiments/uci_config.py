@@ -16,6 +16,7 @@ __all__ = [
     "AUTO_WIDE_FROM_ROWS",
     "DEVICES",
     "ENGINE_VERSION",
+    "REGRESSION_LIKELIHOODS",
     "UCI_PROTOCOLS",
     "UCIConfig",
     "auto_protocol",
@@ -24,6 +25,8 @@ __all__ = [
 
 #: Where ``whvi uci --device`` trains.
 DEVICES = ("cpu", "cuda")
+#: ``whvi uci --likelihood``: one learned noise scale (the papers'), or a mean-variance head (BayesianMLP's).
+REGRESSION_LIKELIHOODS = ("gaussian", "heteroscedastic")
 
 #: The protocols of ``whvi uci``: the network and the schedule's length and learning rate (the rest of the
 #: schedule is the WHVI paper's App. D.1 for all: batch 64, noise fixed for the first 500 steps, the decay
@@ -33,10 +36,8 @@ DEVICES = ("cpu", "cuda")
 #: * ``table6``: its Table 6 (App. D.2, the set-up of Hernández-Lobato and Adams): 1 hidden layer of 50 (100
 #:   for protein), the same schedule.
 #: * ``wide``: 2 hidden layers of 1024, Adam 3e-3, 50,500 steps. A WHVI layer of width D has 3D variational
-#:   parameters where a dense layer has D^2: on 6 inputs the paper's 128 units give the WHVI network 1,410
-#:   parameters against MC dropout's 17,537, 1024 units give it 10,498, and a step costs 1.2x the 128-unit
-#:   one (O(D log D)). It is for larger data sets: ``docs/results/larger-data.md`` shows where it helps and where
-#:   (a few hundred rows) its KL costs more than the capacity gives.
+#:   parameters where a dense layer has D^2 (on 6 inputs 10,498 against the 128-unit one's 1,410), and a step costs
+#:   1.2x the 128-unit one (O(D log D)). For larger data sets (``docs/results/larger-data.md``).
 UCI_PROTOCOLS: dict[str, dict] = {
     "table3": {"layers": 2, "hidden": 128, "steps": 50_500, "lr": 1e-3},
     "table6": {"layers": 1, "hidden": 50, "steps": 50_500, "lr": 1e-3},
@@ -46,13 +47,9 @@ TABLE6_LARGE = {"protein": 100}  # dataset folder names (lower case, prefix) tha
 
 #: ``whvi uci``'s default protocol: :func:`auto_protocol` picks ``table3`` or ``wide`` by the training rows.
 AUTO_PROTOCOL = "auto"
-#: The training rows from which :func:`auto_protocol` picks ``wide``. Measured per split on the synthetic bench
-#: (WHVI, both protocols trained on all the training rows, ``benchmarks/results/protocol_choice/``): ``table3`` is
-#: better at 450 rows (by 0.42 nats) and on the robot arm at 1,800 and 2,700 (by 0.45-0.50 and 0.09); ``wide`` is
-#: better on every function measured from 4,500 rows up (0.24-0.27 nats at 4,500, 0.25 at 18,000, 0.24 at 45,000) and
-#: on three of the four 7k-41k-row UCI sets of issue 49; below, the order depends on the function (hartmann6 prefers
-#: ``wide`` at 1,800 and 2,700 by 0.08-0.17). Right on 9 of those 14 splits, a tie on 1; choosing on held-out rows
-#: was right on no more of them, at 3.3-4.7 times the cost.
+#: The training rows from which :func:`auto_protocol` picks ``wide``, measured per split on the synthetic bench at
+#: 450-45,000 rows and on issue 49's 7k-41k-row UCI sets: right on 9 of 14 splits measured with both protocols, a tie
+#: on 1; choosing on held-out rows was right on no more, at 3.3-4.7x the cost (``benchmarks/results/protocol_choice/``).
 AUTO_WIDE_FROM_ROWS = 3_000
 
 
@@ -93,7 +90,7 @@ ENGINE_VERSION = 3
 _NOT_FINGERPRINTED = ("methods", "splits", "checkpoint_every", "progress", "protocol")
 # Settings added after results were stored, with the value every earlier run had: at that value they stay out of
 # the fingerprint, so that those results remain valid.
-_LATER_SETTINGS = {"standardize_targets": True, "kl_weight": 1.0, "device": "cpu", "protocols": ()}
+_LATER_SETTINGS = dict(standardize_targets=True, kl_weight=1.0, device="cpu", protocols=(), likelihood="gaussian")
 _PROTOCOL_KEYS = ("name", "layers", "hidden", "steps", "lr")
 _LATER_SCHEDULE_SETTINGS = {"cooldown": 0.0}
 
@@ -140,9 +137,12 @@ class UCIConfig:
 
     ``jit``: train on the compiled ELBO (:class:`~pyro_whvi.infer.JitTrace_ELBO`, Pyro's ``torch.jit.trace`` path;
     the default since engine version 3): the same loss and gradients as ``Trace_ELBO``, tested for every guide, and
-    2.0-2.4x faster per step on the ``table3`` network (WHVI 8.5 against 3.7 ms, NF-WHVI 13.1 against 5.4 ms, MC
-    dropout 4.7 against 2.4 ms, MFG 6.2 against 3.2 ms on one thread, issue 50's notes); ``False``
-    (``whvi uci --eager``) trains on ``Trace_ELBO``. The two draw other random numbers, so it is fingerprinted.
+    2.0-2.4x faster per step on the ``table3`` network (issue 50's notes); ``False`` (``whvi uci --eager``) trains on
+    ``Trace_ELBO``. The two draw other random numbers, so it is fingerprinted.
+
+    ``likelihood`` (regression): ``"gaussian"``, one learned noise scale as in the papers, or ``"heteroscedastic"``,
+    a mean-variance head (:class:`~pyro_whvi.nn.BayesianMLP`): the last layer predicts each row's noise too, under
+    the method's posterior like every other weight. ``ensemble`` has the head either way.
     """
 
     methods: tuple[str, ...] = ("mfg", "mcd", "whvi")
@@ -166,6 +166,7 @@ class UCIConfig:
     protocols: tuple[dict[str, Any], ...] = ()
     jit: bool = True
     protocol: str = ""
+    likelihood: str = "gaussian"
 
     def __post_init__(self) -> None:
         # Each method and split once: a repeated one would be read back and counted as another split.
@@ -200,6 +201,14 @@ class UCIConfig:
             raise ValueError(
                 "UCIConfig: choosing among several KL weights or protocols runs in one process; give nproc 1, or one "
                 "candidate."
+            )
+        if self.likelihood not in REGRESSION_LIKELIHOODS:
+            raise ValueError(f"UCIConfig: likelihood must be one of {REGRESSION_LIKELIHOODS}, got {self.likelihood!r}.")
+        with_iblm = [method for method in self.methods if parse_method(method).iblm]
+        if self.likelihood == "heteroscedastic" and with_iblm:
+            raise ValueError(
+                f"UCIConfig: I-BLM ({with_iblm[0]}) fits the last layer to the targets and has no fit for a "
+                "mean-variance head; use likelihood 'gaussian' with it, or the method without '+iblm'."
             )
         if self.device not in DEVICES:
             raise ValueError(f"UCIConfig: device must be one of {', '.join(DEVICES)}, got {self.device!r}.")

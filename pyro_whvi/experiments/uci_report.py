@@ -84,8 +84,10 @@ def summary_table(name: str, summary: list[dict[str, Any]], config: UCIConfig) -
     metrics = [m for m in (*REGRESSION_METRICS, *FLOOR_METRICS, *CLASSIFICATION_METRICS) if m in summary[0]]
     schedule = config.schedule
     fixed = min(schedule.fixed_noise_steps, schedule.steps)
-    noise = f" (noise fixed for the first {fixed})" if "rmse" in metrics and fixed else ""
+    heads = "rmse" in metrics and config.likelihood == "heteroscedastic"  # no noise scale to hold
+    noise = f" (noise fixed for the first {fixed})" if "rmse" in metrics and fixed and not heads else ""
     targets = ", raw targets" if "rmse" in metrics and not config.standardize_targets else ""
+    targets += ", mean-variance heads (heteroscedastic likelihood)" if heads else ""
     weights = config.kl_weights
     tempered = f", KL weight {weights[0]:g} (tempered)" if weights != (1.0,) else ""
     held_out = f"on {config.val_fraction * 100:g}% of each split's training rows"
@@ -120,14 +122,15 @@ def summary_table(name: str, summary: list[dict[str, Any]], config: UCIConfig) -
     return "\n".join(lines)
 
 
-def with_floor(row: dict[str, Any], sigma: float) -> dict[str, Any]:
-    """``row`` with its distance to the floor that a known noise level ``sigma`` sets."""
+def with_floor(row: dict[str, Any], sigma) -> dict[str, Any]:
+    """``row`` with its distance to the floor that a known noise level ``sigma`` sets: one, or one per test row
+    (:func:`~pyro_whvi.experiments.noisy_sets.split_noise_std`), whose root mean square the ratios divide by."""
     floor = noise_floor(sigma)
     return {
         **row,
         "mnll_gap": row["mnll"] - floor["mnll_floor"],
-        "rmse_ratio": row["rmse"] / sigma,
-        "noise_ratio": row["noise_scale"] / sigma,
+        "rmse_ratio": row["rmse"] / floor["rmse_floor"],
+        "noise_ratio": row["noise_scale"] / floor["rmse_floor"],
     }
 
 

@@ -19,8 +19,8 @@ from ..train.checkpoints import resumed_seconds
 from ..train.engine import Checkpoint
 from ..train.files import notice
 from ..train.selection import holdout, select_best
-from .ensemble import EnsembleGuide, member_predictions, remove_checkpoints, resumed_member_seconds
-from .methods import MethodSpec, build_method, fit, predictive_samples
+from .ensemble import EnsembleGuide, remove_checkpoints, resumed_member_seconds
+from .methods import MethodSpec, build_method, fit, predictive_sites
 from .reporting import write_atomic
 from .uci_config import UCIConfig
 from .uci_data import UCIData, data_key, dataset_name, load_dataset_split
@@ -91,7 +91,7 @@ def train_split(
     model, guide = build_method(
         spec,
         widths,
-        likelihood="gaussian" if regression else "categorical",
+        likelihood=config.likelihood if regression else "categorical",
         noise_scale=config.noise_scale,
         dropout=config.dropout,
         flows=config.flows,
@@ -125,19 +125,23 @@ def train_split(
 def predict_split(
     trained: TrainedSplit, x_test: torch.Tensor, config: UCIConfig
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Predictive samples of ``f`` on ``x_test`` and the learned noise scale (regression), on the CPU for the
+    """Predictive samples of ``f`` on ``x_test`` and the noise's standard deviation (regression), on the CPU for the
     metrics, whatever ``config.device`` trained on (many samples: drawn in chunks, with a progress bar).
 
-    An ensemble's are its networks' means (logits) ``(M, N)`` and their heads' standard deviations ``(M, N)``
-    (:func:`~pyro_whvi.experiments.ensemble.member_predictions`): the uniform mixture's components, which the
-    metrics treat as the samples."""
-    if isinstance(trained.guide, EnsembleGuide):
-        means, scales = member_predictions(trained.model, trained.guide, x_test.to(config.device))
-        return means.cpu(), scales.cpu() if scales is not None else None
+    The noise is the learned scale, or with a mean-variance head (``config.likelihood`` ``"heteroscedastic"``, and
+    every ensemble) what the head predicts for each sample and test row, ``(S, N)`` like ``f``. An ensemble's
+    samples are its networks' means (logits) ``(M, N)`` (:func:`~pyro_whvi.experiments.ensemble.member_predictions`):
+    the uniform mixture's components."""
+    if trained.data.task != "regression":
+        sites: tuple[str, ...] = ("f",)
+    else:
+        sites = ("f",) if getattr(trained.model, "noise_scale", None) is not None else ("f", "noise")
     progress = f"{trained.label}: predicting" if config.progress else False
-    f = predictive_samples(trained.model, trained.guide, x_test.to(config.device), config.samples, progress).cpu()
-    regression = trained.data.task == "regression"
-    return f, trained.model.noise_scale.detach().cpu() if regression else None
+    drawn = predictive_sites(trained.model, trained.guide, x_test.to(config.device), config.samples, progress, sites)
+    if trained.data.task != "regression":
+        return drawn["f"].cpu(), None
+    noise = drawn["noise"] if "noise" in drawn else trained.model.noise_scale.detach()
+    return drawn["f"].cpu(), noise.cpu()
 
 
 def validation_part(data: UCIData, fraction: float, seed: int) -> UCIData:

@@ -190,6 +190,7 @@ UCI_OPTIONS = [
     "--hidden",
     "--layers",
     "--protocol",
+    "--likelihood",
     "--samples",
     "--dropout",
     "--flows",
@@ -203,7 +204,7 @@ VALUES = [
     *["0", "1", "-1", "2", "0-2", "3-1", "0,2", "1e-3", "0.5", "inf", "nan", "-inf", "1e400", "4294967296"],
     *["99999999999999999999", "0-99999999999", "", " ", "mfg", "whvi,mcd", "mcd+iblm", "vsd+iblm", "bbb", "x"],
     *["diabetes", "digits", "breast_cancer", "good", "missing", "file", "file/out", "."],
-    *["auto", "auto,wide", "table3,wide", "wide", "table9"],
+    *["auto", "auto,wide", "table3,wide", "wide", "table9", "gaussian", "heteroscedastic", "whvi+iblm"],
 ]
 
 
@@ -278,8 +279,9 @@ def _fuzz_command(
 
 
 def test_fuzzed_synthetic_arguments_get_a_result_or_one_line(tmp_path, monkeypatch):
-    options = ["--rows", "--noise", "--splits", "--seed", "--functions", "--out"]
+    options = ["--rows", "--noise", "--splits", "--seed", "--functions", "--out", "--noise-profile"]
     extra = ["10", "5", "robot", "borehole,robot,robot", "hartmann4,wingweight", "bogus", "out", "good/data.txt"]
+    extra += ["constant", "ramp"]
     stubs = {"pyro_whvi.experiments.noisy_sets.write_noisy_set": lambda *args, **kwargs: 1.0}
     _fuzz_command("synthetic", options, extra, stubs, tmp_path, monkeypatch)
 
