@@ -56,7 +56,8 @@ def _protocols(text: str) -> tuple[str, ...]:
 def add_uci_command(commands) -> None:
     from .methods import BASE_METHODS, ENSEMBLE, METHODS, Schedule
     from .uci import BUNDLED_DATASETS, UCIConfig
-    from .uci_config import AUTO_PROTOCOL, AUTO_WIDE_FROM_ROWS, DEVICES, REGRESSION_LIKELIHOODS, UCI_PROTOCOLS
+    from .uci_config import AUTO_PROTOCOL, AUTO_WIDE_FROM_ROWS, DEVICES, UCI_PROTOCOLS
+    from .uci_protocols import AUTO_LIKELIHOOD, REGRESSION_LIKELIHOODS
 
     uci = commands.add_parser(
         "uci",
@@ -72,7 +73,7 @@ def add_uci_command(commands) -> None:
             "predicting as their mixture; Lakshminarayanan et al. 2017). The schedule is the WHVI paper's (App. D.1: "
             "50,500 steps, batch 64, Adam decayed, noise fixed for 500 steps); the network by default (--protocol "
             f"auto) its Table 3's 2x128 ReLU at lr 1e-3 below {AUTO_WIDE_FROM_ROWS:,} training rows, 2x1024 at lr "
-            "3e-3 from them."
+            "3e-3 with a mean-variance head (--likelihood auto) from them."
         ),
     )
     source = uci.add_mutually_exclusive_group()
@@ -127,11 +128,12 @@ def add_uci_command(commands) -> None:
     )
     uci.add_argument(
         "--likelihood",
-        choices=REGRESSION_LIKELIHOODS,
-        default=defaults.likelihood,
-        help="regression: gaussian (the default, the papers': one learned noise scale) or heteroscedastic (a "
-        "mean-variance head: the last layer also predicts each row's noise, under the method's posterior; not with "
-        "+iblm). ensemble has the head either way",
+        choices=(AUTO_LIKELIHOOD, *REGRESSION_LIKELIHOODS),
+        default=AUTO_LIKELIHOOD,
+        help=f"regression: gaussian, the papers' one learned noise scale; heteroscedastic, a mean-variance head (the "
+        "last layer also predicts each row's noise, under the method's posterior; not with +iblm); auto (the "
+        f"default): the head where --protocol auto picks wide (from {AUTO_WIDE_FROM_ROWS:,} training rows), else "
+        "gaussian. ensemble has the head either way",
     )
     uci.add_argument(
         "--raw-targets",
@@ -262,8 +264,10 @@ def run_uci_command(args: argparse.Namespace) -> int:
         if args.dropout >= 1:
             raise ValueError(f"--dropout must be below 1, got {args.dropout}")
         sizes = check_source(source, tuple(dict.fromkeys(args.splits)))
-        if args.likelihood != "gaussian" and sizes.outputs > 1:
+        if args.likelihood == "heteroscedastic" and sizes.outputs > 1:
             raise ValueError(f"--likelihood {args.likelihood} is for regression; {source} is a classification set")
+        if sizes.outputs > 1:  # classification: the likelihood is categorical, whatever --likelihood
+            args.likelihood = "gaussian"
         config = _config_from_arguments(args, Path(source).name, sizes.train)
         check_uci_memory(config, sizes)
         check_validation(source, config)

@@ -10,8 +10,20 @@ from typing import Any
 
 from ..train.schedule import shard_size
 from .methods import Schedule, parse_method
+from .uci_protocols import (
+    AUTO_LIKELIHOOD,
+    AUTO_PROTOCOL,
+    AUTO_WIDE_FROM_ROWS,
+    REGRESSION_LIKELIHOODS,
+    UCI_PROTOCOLS,
+    auto_label,
+    auto_likelihood,
+    auto_protocol,
+    protocol_settings,
+)
 
 __all__ = [
+    "AUTO_LIKELIHOOD",
     "AUTO_PROTOCOL",
     "AUTO_WIDE_FROM_ROWS",
     "DEVICES",
@@ -19,67 +31,13 @@ __all__ = [
     "REGRESSION_LIKELIHOODS",
     "UCI_PROTOCOLS",
     "UCIConfig",
+    "auto_likelihood",
     "auto_protocol",
     "protocol_settings",
 ]
 
 #: Where ``whvi uci --device`` trains.
 DEVICES = ("cpu", "cuda")
-#: ``whvi uci --likelihood``: one learned noise scale (the papers'), or a mean-variance head (BayesianMLP's).
-REGRESSION_LIKELIHOODS = ("gaussian", "heteroscedastic")
-
-#: The protocols of ``whvi uci``: the network and the schedule's length and learning rate (the rest of the
-#: schedule is the WHVI paper's App. D.1 for all: batch 64, noise fixed for the first 500 steps, the decay
-#: ``(1 + 5e-4 t)^-0.3``).
-#:
-#: * ``table3``: the WHVI paper's Table 3 (§3.2, App. D.1): 2 hidden layers of 128, Adam 1e-3, 50,500 steps.
-#: * ``table6``: its Table 6 (App. D.2, the set-up of Hernández-Lobato and Adams): 1 hidden layer of 50 (100
-#:   for protein), the same schedule.
-#: * ``wide``: 2 hidden layers of 1024, Adam 3e-3, 50,500 steps. A WHVI layer of width D has 3D variational
-#:   parameters where a dense layer has D^2 (on 6 inputs 10,498 against the 128-unit one's 1,410), and a step costs
-#:   1.2x the 128-unit one (O(D log D)). For larger data sets (``docs/results/larger-data.md``).
-UCI_PROTOCOLS: dict[str, dict] = {
-    "table3": {"layers": 2, "hidden": 128, "steps": 50_500, "lr": 1e-3},
-    "table6": {"layers": 1, "hidden": 50, "steps": 50_500, "lr": 1e-3},
-    "wide": {"layers": 2, "hidden": 1024, "steps": 50_500, "lr": 3e-3},
-}
-TABLE6_LARGE = {"protein": 100}  # dataset folder names (lower case, prefix) that get more units under table6
-
-#: ``whvi uci``'s default protocol: :func:`auto_protocol` picks ``table3`` or ``wide`` by the training rows.
-AUTO_PROTOCOL = "auto"
-#: The training rows from which :func:`auto_protocol` picks ``wide``, measured per split on the synthetic bench at
-#: 450-45,000 rows and on issue 49's 7k-41k-row UCI sets: right on 9 of 14 splits measured with both protocols, a tie
-#: on 1; choosing on held-out rows was right on no more, at 3.3-4.7x the cost (``benchmarks/results/protocol_choice/``).
-AUTO_WIDE_FROM_ROWS = 3_000
-
-
-def auto_protocol(train_rows: int) -> str:
-    """The protocol ``--protocol auto`` trains with on ``train_rows`` training rows: ``table3`` below
-    :data:`AUTO_WIDE_FROM_ROWS`, ``wide`` from it. It costs one run, where choosing on held-out rows
-    (``--protocol table3,wide``) costs about three and chose no better on the splits measured."""
-    if isinstance(train_rows, bool) or not isinstance(train_rows, int) or train_rows < 1:
-        raise ValueError(f"auto_protocol: a positive number of training rows expected, got {train_rows!r}")
-    return "wide" if train_rows >= AUTO_WIDE_FROM_ROWS else "table3"
-
-
-def protocol_settings(name: str, dataset: str, **overrides: int | float | None) -> dict:
-    """``{"layers", "hidden", "steps", "lr"}`` of the protocol ``name`` for ``dataset`` (a folder or bundled set's
-    name), each overridden by the keyword of the same name when it is not ``None``."""
-    if name not in UCI_PROTOCOLS:
-        raise ValueError(f"--protocol: choose from {', '.join(UCI_PROTOCOLS)}, got {name!r}")
-    unknown = set(overrides) - set(UCI_PROTOCOLS[name])
-    if unknown:
-        raise TypeError(
-            f"protocol_settings: unknown settings {sorted(unknown)}; a protocol sets {sorted(UCI_PROTOCOLS[name])}"
-        )
-    protocol = dict(UCI_PROTOCOLS[name])
-    if name == "table6":
-        protocol["hidden"] = next(
-            (units for name, units in TABLE6_LARGE.items() if dataset.lower().startswith(name)), protocol["hidden"]
-        )
-    protocol.update({name: value for name, value in overrides.items() if value is not None})
-    return protocol
-
 
 # Bumped when a method's construction changes, so that its stored splits are trained again.
 _VERSIONS = {name: 2 for name in ("whvi", "nf-whvi", "whvi+iblm", "nf-whvi+iblm")}
@@ -142,7 +100,8 @@ class UCIConfig:
 
     ``likelihood`` (regression): ``"gaussian"``, one learned noise scale as in the papers, or ``"heteroscedastic"``,
     a mean-variance head (:class:`~pyro_whvi.nn.BayesianMLP`): the last layer predicts each row's noise too, under
-    the method's posterior like every other weight. ``ensemble`` has the head either way.
+    the method's posterior like every other weight. ``ensemble`` has the head either way. ``whvi uci``'s default,
+    ``--likelihood auto``, resolves to one of the two by :func:`auto_likelihood`.
     """
 
     methods: tuple[str, ...] = ("mfg", "mcd", "whvi")
@@ -274,17 +233,25 @@ class UCIConfig:
         :func:`protocol_settings` with the overrides that are not ``None``, the rest of the schedule, and any
         other field of :class:`UCIConfig` as a keyword. Several names (a tuple) are candidates chosen per split
         (``protocols``), the overrides applied to each; the config's own network and schedule are the first's.
-        :data:`AUTO_PROTOCOL` (alone) is :func:`auto_protocol` of ``train_rows``, which it then needs."""
+        :data:`AUTO_PROTOCOL` (alone) is :func:`auto_protocol` of ``train_rows``, which it then needs, as does
+        ``likelihood=``:data:`AUTO_LIKELIHOOD` (:func:`auto_likelihood`)."""
         names = (name,) if isinstance(name, str) else tuple(dict.fromkeys(name))
-        label = names[0] if len(names) == 1 else ""
+        label, note = (names[0] if len(names) == 1 else ""), ""
+        if fields.get("likelihood") == AUTO_LIKELIHOOD:
+            if train_rows is None:
+                raise TypeError(f"UCIConfig.from_protocol: likelihood {AUTO_LIKELIHOOD!r} needs train_rows")
+            iblm = any(parse_method(method).iblm for method in fields.get("methods", cls.methods))
+            fields["likelihood"] = auto_likelihood(label, train_rows, iblm)
+            if fields["likelihood"] != auto_likelihood(label, train_rows):
+                note = "; one noise scale, as I-BLM (+iblm) has no fit for a mean-variance head"
         if AUTO_PROTOCOL in names:
             if len(names) > 1:
                 raise ValueError(f"--protocol: {AUTO_PROTOCOL} picks one protocol by the rows; give it alone")
             if train_rows is None:
                 raise TypeError(f"UCIConfig.from_protocol: {AUTO_PROTOCOL!r} needs train_rows")
             names = (auto_protocol(train_rows),)
-            label = f"{AUTO_PROTOCOL}: {names[0]} ({train_rows:,} training rows, wide from {AUTO_WIDE_FROM_ROWS:,})"
-        fields.setdefault("protocol", label)
+            label = auto_label(train_rows)
+        fields.setdefault("protocol", label + note)
         overrides = {"layers": layers, "hidden": hidden, "steps": steps, "lr": lr}
         candidates = [{"name": each, **protocol_settings(each, dataset, **overrides)} for each in names]
         if len(candidates) > 1:

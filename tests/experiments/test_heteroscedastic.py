@@ -16,6 +16,7 @@ from pyro_whvi.experiments import uci
 from pyro_whvi.experiments.methods import Schedule, build_method, fit, parse_method, predictive_sites
 from pyro_whvi.experiments.uci_config import UCIConfig
 from pyro_whvi.experiments.uci_data import load_dataset_split
+from pyro_whvi.experiments.uci_protocols import AUTO_WIDE_FROM_ROWS, auto_likelihood
 from pyro_whvi.experiments.uci_train import predict_split, train_split
 from pyro_whvi.metrics import gaussian_mnll
 
@@ -135,3 +136,29 @@ def test_bad_input_names_the_argument_and_the_fix(tmp_path):
         "heteroscedastic",
     )
     assert code == 2 and "without '+iblm'" in stderr
+
+
+def test_auto_gives_the_head_where_auto_picks_wide_and_the_papers_likelihood_elsewhere(tmp_path):
+    """``--likelihood auto`` (the command's default): the head with ``--protocol auto`` from the threshold on; one
+    noise scale below it, under every fixed protocol, and with ``+iblm`` (the table says why)."""
+    wide_rows, few = AUTO_WIDE_FROM_ROWS, AUTO_WIDE_FROM_ROWS - 1
+    assert [auto_likelihood("auto", n) for n in (few, wide_rows)] == ["gaussian", "heteroscedastic"]
+    assert {auto_likelihood(name, wide_rows) for name in ("table3", "table6", "wide", "")} == {"gaussian"}
+    assert auto_likelihood("auto", wide_rows, iblm=True) == "gaussian"
+
+    def config(protocol, rows, **fields):
+        return UCIConfig.from_protocol(protocol, "kin8nm", train_rows=rows, likelihood="auto", **fields)
+
+    assert config("auto", wide_rows).likelihood == "heteroscedastic" and config("auto", few).likelihood == "gaussian"
+    assert config("wide", wide_rows).likelihood == "gaussian"  # a fixed protocol reproduces its stored runs
+    assert config("wide", wide_rows).fingerprint("whvi", "k") == UCIConfig.from_protocol("wide", "k").fingerprint(
+        "whvi", "k"
+    )
+    iblm = config("auto", wide_rows, methods=("whvi", "whvi+iblm"))
+    assert iblm.likelihood == "gaussian" and iblm.protocol.endswith("I-BLM (+iblm) has no fit for a mean-variance head")
+    with pytest.raises(TypeError, match="likelihood 'auto' needs train_rows"):
+        UCIConfig.from_protocol("table3", "kin8nm", likelihood="auto")
+    # Classification sets take the categorical likelihood whatever --likelihood auto would say.
+    argv = ["uci", "--dataset", "breast_cancer", "--methods", "mcd", "--splits", "0", "--steps", "2", "--samples", "2"]
+    code, _, stderr = whvi_in_process(*argv, "--out", str(tmp_path))
+    assert code == 0, stderr

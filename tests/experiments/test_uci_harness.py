@@ -353,7 +353,7 @@ def test_auto_protocol_picks_table3_or_wide_by_the_training_rows(tmp_path, monke
     """``--protocol auto``, the default: ``table3`` below AUTO_WIDE_FROM_ROWS training rows, ``wide`` from it. The
     choice is the fixed protocol's run (same fingerprint, so stored table3 results stay valid), and the table says
     which protocol the rows gave."""
-    from pyro_whvi.experiments import uci_config
+    from pyro_whvi.experiments import uci_protocols
     from pyro_whvi.experiments.cli import main
     from pyro_whvi.experiments.uci_config import AUTO_WIDE_FROM_ROWS, auto_protocol
 
@@ -383,12 +383,12 @@ def test_auto_protocol_picks_table3_or_wide_by_the_training_rows(tmp_path, monke
     first = json.loads(stored.read_text())
     assert main([*args, "--protocol", "table3", "--out", str(tmp_path / "small")]) == 0  # read back, not retrained
     assert json.loads(stored.read_text()) == first
-    monkeypatch.setattr(uci_config, "AUTO_WIDE_FROM_ROWS", 300)
+    assert "heteroscedastic" not in header  # the paper's likelihood below the threshold
+    monkeypatch.setattr(uci_protocols, "AUTO_WIDE_FROM_ROWS", 300)
     assert main([*args, "--out", str(tmp_path / "large")]) == 0
-    assert (
-        "protocol auto: wide (398 training rows, wide from 300), 2x1024 ReLU"
-        in (tmp_path / "large" / "uci_diabetes.md").read_text()
-    )
+    header = (tmp_path / "large" / "uci_diabetes.md").read_text()
+    assert "protocol auto: wide (398 training rows, wide from 300), 2x1024 ReLU" in header
+    assert "mean-variance heads (heteroscedastic likelihood)" in header  # --likelihood auto: the head with wide
 
 
 def test_bundled_sets_load_for_both_tasks():
