@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
@@ -170,14 +171,17 @@ def read_noise_std(folder: str | Path) -> float | None:
     return float(values[0]) if len(values) == 1 else float(np.sqrt(np.mean(values**2)))
 
 
-def split_noise_std(folder: str | Path, split: int) -> float | np.ndarray | None:
-    r"""The noise's standard deviation on split ``split``'s test rows: the one :math:`\sigma`, or one per test row
-    (``index_test_<split>.txt``'s order) for a per-row :data:`NOISE_FILE`; ``None`` without one."""
+def split_noise_std(folder: str | Path, splits: Iterable[int]) -> dict[int, float | np.ndarray]:
+    r"""The noise's standard deviation on each split's test rows, by split: the one :math:`\sigma`, or one per test
+    row (``index_test_<split>.txt``'s order) for a per-row :data:`NOISE_FILE`; empty without one. The file is read
+    and checked once for all the splits."""
     values = _noise_values(folder)
-    if values is None or len(values) == 1:
-        return None if values is None else float(values[0])
-    test_rows = np.loadtxt(Path(folder) / f"index_test_{split}.txt", dtype=np.int64, ndmin=1)
-    return values[test_rows]
+    if values is None:
+        return {}
+    if len(values) == 1:
+        return dict.fromkeys(splits, float(values[0]))
+    index = Path(folder) / "index_test_{}.txt"
+    return {split: values[np.loadtxt(str(index).format(split), dtype=np.int64, ndmin=1)] for split in splits}
 
 
 def noise_floor(sigma: float | np.ndarray) -> dict[str, float]:

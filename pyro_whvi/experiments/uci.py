@@ -229,8 +229,8 @@ def _run_jobs(source: str | Path, config: UCIConfig, out: Path) -> tuple[list[di
             reliability.setdefault(method, []).append(saved["reliability"])
     if not leader:
         return [], ""
-    sigmas = {} if is_bundled(source) else {split: split_noise_std(source, split) for split in config.splits}
-    if any(sigma is not None for sigma in sigmas.values()):
+    sigmas = {} if is_bundled(source) else split_noise_std(source, config.splits)
+    if sigmas:
         rows = [with_floor(row, sigmas[row["split"]]) for row in rows]
     summary = summarize(rows, config.methods)
     text = summary_table(name, summary, config)
@@ -248,8 +248,9 @@ def _run_jobs(source: str | Path, config: UCIConfig, out: Path) -> tuple[list[di
             f"{floor['mnll_floor']:.3f}."
         )
     elif sigma is not None:  # one per row: each split's floor is its test rows'
-        floors = [noise_floor(each) for each in sigmas.values() if each is not None]
-        rmse_floor, mnll_floor = (sum(floor[key] for floor in floors) / len(floors) for key in floors[0])
+        floors = [noise_floor(each) for each in sigmas.values()]
+        rmse_floor = sum(floor["rmse_floor"] for floor in floors) / len(floors)
+        mnll_floor = sum(floor["mnll_floor"] for floor in floors) / len(floors)
         text += (
             f"\n\nKnown noise σ(x), one per row ({NOISE_FILE}): the best possible test RMSE is the root mean square "
             f"of the test rows' σ(x), {rmse_floor:.4g}, and the best test MNLL the mean of ½ log(2π σ(x)²) + ½ over "

@@ -132,15 +132,16 @@ def predict_split(
     every ensemble) what the head predicts for each sample and test row, ``(S, N)`` like ``f``. An ensemble's
     samples are its networks' means (logits) ``(M, N)`` (:func:`~pyro_whvi.experiments.ensemble.member_predictions`):
     the uniform mixture's components."""
-    if trained.data.task != "regression":
-        sites: tuple[str, ...] = ("f",)
-    else:
-        sites = ("f",) if getattr(trained.model, "noise_scale", None) is not None else ("f", "noise")
+    regression = trained.data.task == "regression"
+    heads = regression and getattr(trained.model, "noise_scale", None) is None
     progress = f"{trained.label}: predicting" if config.progress else False
-    drawn = predictive_sites(trained.model, trained.guide, x_test.to(config.device), config.samples, progress, sites)
-    if trained.data.task != "regression":
+    x = x_test.to(config.device)
+    drawn = predictive_sites(
+        trained.model, trained.guide, x, config.samples, progress, ("f", "noise") if heads else ("f",)
+    )
+    if not regression:
         return drawn["f"].cpu(), None
-    noise = drawn["noise"] if "noise" in drawn else trained.model.noise_scale.detach()
+    noise = drawn["noise"] if heads else trained.model.noise_scale.detach()
     return drawn["f"].cpu(), noise.cpu()
 
 
