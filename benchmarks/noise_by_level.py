@@ -46,8 +46,8 @@ def by_level(f: torch.Tensor, noise: torch.Tensor, y: torch.Tensor, sigma: torch
     ``y`` with true noise ``sigma`` (``(N,)``), per group of rows by ``sigma``, lowest first; all in ``y``'s units."""
     f, y, sigma = f.double(), y.double(), sigma.double()
     noise = noise.double().expand_as(f)
-    density = torch.distributions.Normal(f, noise).log_prob(y).exp().mean(0)
-    mnll = -density.log() - (0.5 * torch.log(2 * math.pi * sigma**2) + 0.5)
+    log_density = torch.distributions.Normal(f, noise).log_prob(y).logsumexp(0) - math.log(f.shape[0])
+    mnll = -log_density - (0.5 * torch.log(2 * math.pi * sigma**2) + 0.5)
     groups = []
     for level, rows in enumerate(sigma.argsort().chunk(bins)):
         true2 = sigma[rows].pow(2).mean()

@@ -36,6 +36,9 @@ def test_each_group_gets_its_rows_numbers_in_closed_form():
     # One learned noise scale (a scalar): no spread over the draws.
     (group,) = module.by_level(f, torch.tensor(0.5), y, sigma, bins=1)
     assert group["noise_cv"] == 0 and group["noise2"] == pytest.approx(0.25 / 2.5)
+    # A draw 100 noise scales off: its density underflows, its log-density is finite (-0.5 * 100**2 - ...).
+    (far,) = module.by_level(f + 10.0, torch.tensor(0.1), y, sigma, bins=1)
+    assert math.isfinite(far["mnll_above_floor"]) and far["mnll_above_floor"] > 4000
 
 
 def test_the_script_trains_each_method_and_writes_a_row_per_group(tmp_path):
