@@ -180,8 +180,8 @@ def split_noise_std(folder: str | Path, splits: Iterable[int]) -> dict[int, floa
         return {}
     if len(values) == 1:
         return dict.fromkeys(splits, float(values[0]))
-    index = Path(folder) / "index_test_{}.txt"
-    return {split: values[np.loadtxt(str(index).format(split), dtype=np.int64, ndmin=1)] for split in splits}
+    index = {split: Path(folder) / f"index_test_{split}.txt" for split in splits}
+    return {split: values[np.loadtxt(path, dtype=np.int64, ndmin=1)] for split, path in index.items()}
 
 
 def noise_floor(sigma: float | np.ndarray) -> dict[str, float]:

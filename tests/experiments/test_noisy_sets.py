@@ -13,7 +13,7 @@ from pyro_whvi.data import load_uci_split
 from pyro_whvi.data.synthetic import BENCH_FUNCTIONS
 from pyro_whvi.experiments.cli import main
 from pyro_whvi.experiments.methods import Schedule
-from pyro_whvi.experiments.noisy_sets import noise_floor, read_noise_std, write_noisy_set
+from pyro_whvi.experiments.noisy_sets import noise_floor, read_noise_std, split_noise_std, write_noisy_set
 from pyro_whvi.experiments.uci import UCIConfig, run_uci
 
 
@@ -94,6 +94,17 @@ def test_a_ramp_profile_writes_one_sigma_per_row_and_each_split_gets_its_test_ro
         assert row["noise_ratio"] == pytest.approx(row["noise_scale"] / math.sqrt((test_sigma**2).mean()), rel=1e-9)
     assert "Known noise σ(x), one per row" in text and "MNLL - floor" in text
     assert noise_floor(np.full(3, 0.7)) == pytest.approx(noise_floor(0.7), rel=1e-12)
+
+
+def test_each_split_gets_its_test_rows_sigma_whatever_the_folder_is_called(tmp_path):
+    folder = tmp_path / "set {0} {split}"  # braces in a path are not a format string
+    write_noisy_set("hartmann4", folder, num_points=60, splits=2, profile="ramp")
+    row_sigma = np.loadtxt(folder / "noise_std.txt")
+    sigmas = split_noise_std(folder, (0, 1))
+    for split in (0, 1):
+        test_rows = np.loadtxt(folder / f"index_test_{split}.txt", dtype=int)
+        np.testing.assert_array_equal(sigmas[split], row_sigma[test_rows])
+    assert not np.array_equal(sigmas[0], sigmas[1])
 
 
 def test_a_noise_file_of_the_wrong_length_and_a_bad_profile_are_refused(tmp_path, capsys):
