@@ -21,7 +21,6 @@ A calibrated predictive has ``noise2 + var_f`` near ``error2``, and an exact one
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from pathlib import Path
 
@@ -32,22 +31,19 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _results import environment, save_tables
 
 from pyro_whvi.experiments.methods import parse_method
-from pyro_whvi.experiments.noisy_sets import split_noise_std
+from pyro_whvi.experiments.noisy_sets import noise_floor, split_noise_std
 from pyro_whvi.experiments.uci_config import UCIConfig
 from pyro_whvi.experiments.uci_data import check_source, dataset_name, load_dataset_split, parse_splits
 from pyro_whvi.experiments.uci_protocols import REGRESSION_LIKELIHOODS, UCI_PROTOCOLS
 from pyro_whvi.experiments.uci_train import predict_split, train_split
-
-METRICS = ("mnll_above_floor", "noise2", "var_f", "error2", "noise_cv")
+from pyro_whvi.metrics import gaussian_mnll
 
 
 def by_level(f: torch.Tensor, noise: torch.Tensor, y: torch.Tensor, sigma: torch.Tensor, bins: int) -> list[dict]:
-    """The :data:`METRICS` of the predictive draws ``f``, ``noise`` (``(S, N)``, or a scalar noise) on targets
+    """The module's numbers for the predictive draws ``f``, ``noise`` (``(S, N)``, or a scalar noise) on targets
     ``y`` with true noise ``sigma`` (``(N,)``), per group of rows by ``sigma``, lowest first; all in ``y``'s units."""
     f, y, sigma = f.double(), y.double(), sigma.double()
     noise = noise.double().expand_as(f)
-    log_density = torch.distributions.Normal(f, noise).log_prob(y).logsumexp(0) - math.log(f.shape[0])
-    mnll = -log_density - (0.5 * torch.log(2 * math.pi * sigma**2) + 0.5)
     groups = []
     for level, rows in enumerate(sigma.argsort().chunk(bins)):
         true2 = sigma[rows].pow(2).mean()
@@ -56,7 +52,8 @@ def by_level(f: torch.Tensor, noise: torch.Tensor, y: torch.Tensor, sigma: torch
             {
                 "level": level,
                 "sigma": sigma[rows].mean().item(),
-                "mnll_above_floor": mnll[rows].mean().item(),
+                "mnll_above_floor": gaussian_mnll(f[:, rows], noise[:, rows], y[rows])
+                - noise_floor(sigma[rows].numpy())["mnll_floor"],
                 "noise2": (noise[:, rows].pow(2).mean() / true2).item(),
                 "var_f": (f[:, rows].var(0).mean() / true2).item(),
                 "error2": ((y[rows] - f[:, rows].mean(0)).pow(2).mean() / true2).item(),
@@ -93,18 +90,16 @@ def main(argv: list[str] | None = None) -> int:
         )
     torch.set_num_threads(1)
     name = dataset_name(args.data_dir)
-    rows = []
-    for method in args.methods.split(","):
-        config = UCIConfig.from_protocol(
-            args.protocol,
-            name,
-            steps=args.steps,
-            methods=(method,),
-            likelihood=args.likelihood,
-            samples=args.samples,
+    configs = {
+        method: UCIConfig.from_protocol(
+            args.protocol, name, steps=args.steps, methods=(method,), likelihood=args.likelihood, samples=args.samples
         )
-        for split in splits:
-            data = load_dataset_split(args.data_dir, split)
+        for method in args.methods.split(",")
+    }
+    rows = []
+    for split in splits:
+        data = load_dataset_split(args.data_dir, split)
+        for method, config in configs.items():
             trained = train_split(args.data_dir, parse_method(method), split, config, data=data)
             f, noise = predict_split(trained, data.x_test, config)
             assert noise is not None  # a regression set
