@@ -24,10 +24,9 @@ their negative ELBO. The same loop runs in one process and in every rank of a ``
 * **Checkpoints** (:class:`Checkpoint`): every ``every`` steps rank 0 writes, atomically, the parameters,
   Adam's state, the schedule, the sampler and every rank's random state; a run that finds a
   checkpoint with its key resumes from it and ends exactly where an uninterrupted run ends.
-* **Validation and early stopping**: ``callback(step)`` runs after every step;
-  :class:`~pyro_whvi.train.selection.KeepBest` scores the model every few steps and keeps its best state.
+* **Validation and early stopping**: ``callback(step)`` after every step; :class:`.selection.KeepBest` keeps the best.
 * **KL weight**: ``train(..., kl_weight=lambda)`` optimizes the tempered ELBO of
-  :class:`~pyro_whvi.infer.KLAnnealing` (VSD paper App. I.1).
+  :class:`~pyro_whvi.infer.KLAnnealing` (VSD paper App. I.1). **Subnormals** are flushed (:mod:`.denormals`).
 * **Divergence and Ctrl-C** stop the loop with :class:`~pyro_whvi.train.stops.TrainingDiverged` (a non-finite loss,
   checked every step, or parameter, checked before each checkpoint and after the last step: the last good
   checkpoint is kept) or :class:`~pyro_whvi.train.stops.TrainingInterrupted`, each naming the step.
@@ -58,6 +57,7 @@ from ..infer import JitTrace_ELBO, KLAnnealing, example_seeds
 from ..ops._checks import check_finite
 from . import distributed
 from .checkpoints import Checkpoint, read_checkpoint, restore_rng_state, save_checkpoint
+from .denormals import flush_denormals
 from .schedule import Minibatches, Schedule, scheduled_adam, shard_size
 from .stops import TrainingDiverged, TrainingInterrupted, check_parameters, divergence_cause, naming_kl_weight
 
@@ -150,7 +150,7 @@ def train(
         loss = _AnnealedLoss(loss, KLAnnealing(kl_weight))
     # Graphs run as traced: the optimizing executor's rewrite rounds differently, so a resumed run would not match.
     as_traced = torch.jit.optimized_execution(False) if jit else contextlib.nullcontext()  # eager: the user's setting
-    with pyro.validation_enabled(False), naming_kl_weight(kl_weight), as_traced:
+    with pyro.validation_enabled(False), naming_kl_weight(kl_weight), as_traced, flush_denormals():
         return optimize(
             loss,
             x,

@@ -74,3 +74,34 @@ def test_a_stopped_run_keeps_the_splits_it_finished(tmp_path, learnability, monk
     result = json.loads((tmp_path / "out" / "h6.json").read_text())
     assert {(row["learner"], row["split"]) for row in result["results"]} == {("quadratic", 0), ("additive", 0)}
     assert result["meta"]["splits"] == [0]
+
+
+def test_gp_fitted_on_a_subset_predicts_with_the_exact_posterior_given_every_row(tmp_path, learnability):
+    """``--gp-fit-rows 60 --gp-rows 300``: the hyperparameters are those fitted on the first 60 rows, and the
+    prediction is the closed-form GP posterior given all 300 (mean ``m + k*^T (K + s^2 I)^-1 (y - m)``, variance
+    ``k** - k*^T (K + s^2 I)^-1 k* + s^2``), to float64 round-off."""
+    write_noisy_set("hartmann6", tmp_path / "h6", num_points=400, splits=1)
+    data = learnability.load_dataset_split(tmp_path / "h6", 0)
+    x, y, x_test = (t.double() for t in (data.x_train, data.y_train, data.x_test))
+    args = learnability.argparse.Namespace(gp_rows=300, gp_fit_rows=60)
+    mean, std, noise = learnability.exact_gp(args, x, y, x_test)
+    fitted = learnability.fit_exact_gp(x[:60], y[:60])  # Adam on CPU is deterministic: the same hyperparameters
+    kernel, s2 = fitted.covar_module, float(fitted.likelihood.noise.detach())
+    m = float(fitted.mean_module.constant.detach())
+    with torch.no_grad():
+        gram = kernel(x[:300]).to_dense() + s2 * torch.eye(300, dtype=torch.float64)
+        cross = kernel(x[:300], x_test).to_dense()
+        prior_var = kernel(x_test, diag=True)
+    solve = torch.linalg.solve(gram, torch.cat([(y[:300] - m)[:, None], cross], 1))
+    assert torch.allclose(mean, m + cross.T @ solve[:, 0], atol=1e-7)
+    assert torch.allclose(std**2, prior_var - (cross * solve[:, 1:]).sum(0) + s2, atol=1e-7)
+    assert noise == pytest.approx(s2**0.5)
+    given_60 = learnability.exact_gp(learnability.argparse.Namespace(gp_rows=60, gp_fit_rows=None), x, y, x_test)
+    assert not torch.allclose(given_60[0], mean, atol=1e-3)  # the 240 further rows move the posterior
+
+
+def test_gp_fit_rows_beyond_gp_rows_is_refused(tmp_path, learnability, capsys):
+    write_noisy_set("hartmann6", tmp_path / "h6", num_points=300, splits=1)
+    with pytest.raises(SystemExit):
+        learnability.main(["--data-dir", str(tmp_path / "h6"), "--gp-rows", "100", "--gp-fit-rows", "200"])
+    assert "--gp-fit-rows" in capsys.readouterr().err
