@@ -124,12 +124,12 @@ class ExactRBF(gpytorch.models.ExactGP):
         return gpytorch.distributions.MultivariateNormal(self.mean_module(z), self.covar_module(z))
 
 
-def fit_exact_gp(x: torch.Tensor, y: torch.Tensor) -> ExactRBF:
+def fit_exact_gp(x: torch.Tensor, y: torch.Tensor, lengthscales: tuple[float, ...] = GP_LENGTHSCALES) -> ExactRBF:
     """An :class:`ExactRBF` on ``x, y`` (float64), its hyperparameters fitted to their marginal likelihood by Adam
-    from each of :data:`GP_LENGTHSCALES`; the one with the lowest negative log marginal likelihood at its last step."""
+    from each initial length scale; the one with the lowest negative log marginal likelihood at its last step."""
     fits = []
     with gpytorch.settings.max_cholesky_size(len(x) + 1):  # exact: Cholesky, not conjugate gradients
-        for lengthscale in GP_LENGTHSCALES:
+        for lengthscale in lengthscales:
             model = ExactRBF(x, y, gpytorch.likelihoods.GaussianLikelihood().double()).double()
             model.covar_module.base_kernel.lengthscale = lengthscale
             model.likelihood.noise = 0.05
@@ -149,7 +149,7 @@ def exact_gp(args: argparse.Namespace, x: torch.Tensor, y: torch.Tensor, x_test:
     """Hyperparameters from the first ``--gp-fit-rows`` training rows (each Adam step costs a Cholesky of that
     size), then the exact posterior given the first ``--gp-rows`` (one Cholesky)."""
     fit_rows = args.gp_fit_rows or args.gp_rows
-    model = fit_exact_gp(x[:fit_rows], y[:fit_rows])
+    model = fit_exact_gp(x[:fit_rows], y[:fit_rows], args.gp_lengthscales)
     model.set_train_data(x[: args.gp_rows], y[: args.gp_rows], strict=False)
     model.eval()
     with torch.no_grad(), gpytorch.settings.max_cholesky_size(args.gp_rows + 1):
@@ -230,6 +230,12 @@ def main(argv: list[str] | None = None) -> int:
         help="rows whose marginal likelihood fits the GP's hyperparameters (default: --gp-rows); the posterior is "
         "then exact on --gp-rows, one Cholesky of that size (18,000 rows: 2.6 GB)",
     )
+    parser.add_argument(
+        "--gp-lengthscales",
+        type=lambda text: tuple(float(value) for value in text.split(",")),
+        default=GP_LENGTHSCALES,
+        help="initial length scales of the GP's fits, comma-separated (default 1,0.3,0.1); the best fit is kept",
+    )
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/synthetic_learnability"))
     args = parser.parse_args(argv)
@@ -239,6 +245,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--learners: choose from quadratic, additive, mlp, gp; got {args.learners}")
     if min(args.mlp_layers, args.mlp_width, args.mlp_epochs, args.gp_rows - 1) < 1:
         parser.error("--mlp-layers, --mlp-width, --mlp-epochs expected >= 1 and --gp-rows >= 2")
+    if not args.gp_lengthscales or min(args.gp_lengthscales) <= 0:
+        parser.error(f"--gp-lengthscales: positive numbers expected, got {args.gp_lengthscales}")
     if args.gp_fit_rows is not None and not 2 <= args.gp_fit_rows <= args.gp_rows:
         parser.error(f"--gp-fit-rows: expected 2 to --gp-rows ({args.gp_rows}), got {args.gp_fit_rows}")
     try:

@@ -83,9 +83,11 @@ def test_gp_fitted_on_a_subset_predicts_with_the_exact_posterior_given_every_row
     write_noisy_set("hartmann6", tmp_path / "h6", num_points=400, splits=1)
     data = learnability.load_dataset_split(tmp_path / "h6", 0)
     x, y, x_test = (t.double() for t in (data.x_train, data.y_train, data.x_test))
-    args = learnability.argparse.Namespace(gp_rows=300, gp_fit_rows=60)
+    args = learnability.argparse.Namespace(gp_rows=300, gp_fit_rows=60, gp_lengthscales=(1.0, 0.3))
     mean, std, noise = learnability.exact_gp(args, x, y, x_test)
-    fitted = learnability.fit_exact_gp(x[:60], y[:60])  # Adam on CPU is deterministic: the same hyperparameters
+    fitted = learnability.fit_exact_gp(
+        x[:60], y[:60], (1.0, 0.3)
+    )  # Adam on CPU is deterministic: the same hyperparameters
     kernel, s2 = fitted.covar_module, float(fitted.likelihood.noise.detach())
     m = float(fitted.mean_module.constant.detach())
     with torch.no_grad():
@@ -96,7 +98,9 @@ def test_gp_fitted_on_a_subset_predicts_with_the_exact_posterior_given_every_row
     assert torch.allclose(mean, m + cross.T @ solve[:, 0], atol=1e-7)
     assert torch.allclose(std**2, prior_var - (cross * solve[:, 1:]).sum(0) + s2, atol=1e-7)
     assert noise == pytest.approx(s2**0.5)
-    given_60 = learnability.exact_gp(learnability.argparse.Namespace(gp_rows=60, gp_fit_rows=None), x, y, x_test)
+    given_60 = learnability.exact_gp(
+        learnability.argparse.Namespace(gp_rows=60, gp_fit_rows=None, gp_lengthscales=(1.0,)), x, y, x_test
+    )
     assert not torch.allclose(given_60[0], mean, atol=1e-3)  # the 240 further rows move the posterior
 
 
@@ -105,3 +109,10 @@ def test_gp_fit_rows_beyond_gp_rows_is_refused(tmp_path, learnability, capsys):
     with pytest.raises(SystemExit):
         learnability.main(["--data-dir", str(tmp_path / "h6"), "--gp-rows", "100", "--gp-fit-rows", "200"])
     assert "--gp-fit-rows" in capsys.readouterr().err
+
+
+def test_gp_lengthscales_must_be_positive(tmp_path, learnability, capsys):
+    write_noisy_set("hartmann6", tmp_path / "h6", num_points=300, splits=1)
+    with pytest.raises(SystemExit):
+        learnability.main(["--data-dir", str(tmp_path / "h6"), "--gp-lengthscales", "1,-0.3"])
+    assert "--gp-lengthscales" in capsys.readouterr().err
