@@ -240,10 +240,12 @@ class UCIConfig:
         if fields.get("likelihood") == AUTO_LIKELIHOOD:
             if train_rows is None:
                 raise TypeError(f"UCIConfig.from_protocol: likelihood {AUTO_LIKELIHOOD!r} needs train_rows")
-            iblm = any(parse_method(method).iblm for method in fields.get("methods", cls.methods))
-            fields["likelihood"] = auto_likelihood(label, train_rows, iblm)
+            specs = [parse_method(method) for method in fields.get("methods", cls.methods)]
+            iblm, mcd = any(spec.iblm for spec in specs), any(spec.base == "mcd" for spec in specs)
+            fields["likelihood"] = auto_likelihood(label, train_rows, iblm, mcd)
             if fields["likelihood"] != auto_likelihood(label, train_rows):
-                note = "; one noise scale, as I-BLM (+iblm) has no fit for a mean-variance head"
+                why = "I-BLM (+iblm) has no fit for" if iblm else "MC dropout (mcd) breaks at wide with"
+                note = f"; one noise scale, as {why} a mean-variance head"
         if AUTO_PROTOCOL in names:
             if len(names) > 1:
                 raise ValueError(f"--protocol: {AUTO_PROTOCOL} picks one protocol by the rows; give it alone")

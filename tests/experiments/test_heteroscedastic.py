@@ -142,22 +142,31 @@ def test_bad_input_names_the_argument_and_the_fix(tmp_path):
 
 def test_auto_gives_the_head_where_auto_picks_wide_and_the_papers_likelihood_elsewhere(tmp_path):
     """``--likelihood auto`` (the command's default): the head with ``--protocol auto`` from the threshold on; one
-    noise scale below it, under every fixed protocol, and with ``+iblm`` (the table says why)."""
+    noise scale below it, under every fixed protocol, and with ``+iblm`` or ``mcd`` in the run (the table says why)."""
     wide_rows, few = AUTO_WIDE_FROM_ROWS, AUTO_WIDE_FROM_ROWS - 1
     assert [auto_likelihood("auto", n) for n in (few, wide_rows)] == ["gaussian", "heteroscedastic"]
     assert {auto_likelihood(name, wide_rows) for name in ("table3", "table6", "wide", "")} == {"gaussian"}
     assert auto_likelihood("auto", wide_rows, iblm=True) == "gaussian"
+    assert auto_likelihood("auto", wide_rows, mcd=True) == "gaussian"
 
     def config(protocol, rows, **fields):
         return UCIConfig.from_protocol(protocol, "kin8nm", train_rows=rows, likelihood="auto", **fields)
 
-    assert config("auto", wide_rows).likelihood == "heteroscedastic" and config("auto", few).likelihood == "gaussian"
+    whvi = ("whvi",)
+    assert config("auto", wide_rows, methods=whvi).likelihood == "heteroscedastic"
+    assert config("auto", few, methods=whvi).likelihood == "gaussian"
+    assert config("auto", wide_rows).likelihood == "gaussian"  # the command's default methods include mcd
     assert config("wide", wide_rows).likelihood == "gaussian"  # a fixed protocol reproduces its stored runs
     assert config("wide", wide_rows).fingerprint("whvi", "k") == UCIConfig.from_protocol("wide", "k").fingerprint(
         "whvi", "k"
     )
     iblm = config("auto", wide_rows, methods=("whvi", "whvi+iblm"))
     assert iblm.likelihood == "gaussian" and iblm.protocol.endswith("I-BLM (+iblm) has no fit for a mean-variance head")
+    mcd = config("auto", wide_rows, methods=("whvi", "mcd"))
+    assert mcd.likelihood == "gaussian" and mcd.protocol.endswith(
+        "MC dropout (mcd) breaks at wide with a mean-variance head"
+    )
+    assert config("auto", wide_rows, methods=("whvi", "ensemble")).likelihood == "heteroscedastic"
     with pytest.raises(TypeError, match="likelihood 'auto' needs train_rows"):
         UCIConfig.from_protocol("table3", "kin8nm", likelihood="auto")
     # Classification sets take the categorical likelihood whatever --likelihood auto would say.
