@@ -20,11 +20,13 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import pyro
 import torch
 from _results import environment, save_tables
 from pyro.infer import SVI, Trace_ELBO
+from pyro.optim import PyroOptim
 from tqdm import tqdm
 
 from pyro_whvi.experiments.methods import build_method
@@ -59,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         data = load_dataset_split(Path(folder) / "robot", 0)
     x, y = data.x_train.float(), data.y_train.float()
     model, guide = build_method("mcd", WIDTHS, likelihood="heteroscedastic")
-    svi = SVI(model, guide, pyro.optim.Adam({"lr": 3e-3}), Trace_ELBO())
+    svi = SVI(model, guide, PyroOptim(torch.optim.Adam, {"lr": 3e-3}), Trace_ELBO())
     generator = torch.Generator().manual_seed(0)
 
     def steps(count: int, label: str) -> float:
@@ -75,17 +77,17 @@ def main(argv: list[str] | None = None) -> int:
     state = copy.deepcopy((guide.state_dict(), svi.optim.get_state()))
     times: dict[bool, list[float]] = {False: [], True: []}
     for round_ in range(args.rounds):
-        for flushed in (False, True):
+        for flush in (False, True):
             guide.load_state_dict(state[0])
             svi.optim.set_state(copy.deepcopy(state[1]))
-            label = f"round {round_}, subnormals {'flushed' if flushed else 'kept'}"
-            if flushed:
+            label = f"round {round_}, subnormals {'flushed' if flush else 'kept'}"
+            if flush:
                 with flush_denormals():
                     times[True].append(steps(args.timed_steps, label))
             else:
                 times[False].append(steps(args.timed_steps, label))
     kept, flushed = statistics.median(times[False]), statistics.median(times[True])
-    rows = [
+    rows: list[dict[str, Any]] = [
         {"subnormals": "kept", "ms_per_step": kept, "rounds_ms": times[False], "ratio_to_flushed": kept / flushed},
         {"subnormals": "flushed", "ms_per_step": flushed, "rounds_ms": times[True], "ratio_to_flushed": 1.0},
     ]
