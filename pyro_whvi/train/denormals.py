@@ -28,8 +28,8 @@ __all__ = ["flush_denormals", "flushing_denormals"]
 def flushing_denormals() -> bool:
     """Whether this thread's CPU arithmetic flushes subnormal floats to zero now (PyTorch has no getter: half
     the smallest normal float32 is subnormal, and comes out zero only under flushing; a one-element tensor, since
-    a 0-d one is divided in double precision)."""
-    smallest_normal = torch.tensor([torch.finfo(torch.float32).tiny], dtype=torch.float32)
+    a 0-d one is divided in double precision; the CPU's mode, so a CPU tensor)."""
+    smallest_normal = torch.tensor([torch.finfo(torch.float32).tiny], dtype=torch.float32, device="cpu")
     return bool(smallest_normal.div(2).eq(0).all())
 
 
