@@ -1,5 +1,5 @@
-"""Subnormal ("denormal") floats during training: a CPU computes with them tens of times slower than with normal
-ones, and MAP training of a wide ReLU network makes millions of them.
+"""Subnormal ("denormal") floats during training: x86 CPUs compute with them many times more slowly than with
+normal ones, and MAP training of a wide ReLU network makes hundreds of thousands of them.
 
 Under a Gaussian prior (weight decay) the weights into a dead ReLU unit get only the prior's gradient, so Adam
 shrinks them towards zero geometrically, through the subnormal range (``|w| < 1.2e-38`` in float32). In ``whvi uci
