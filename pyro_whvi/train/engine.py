@@ -26,7 +26,7 @@ their negative ELBO. The same loop runs in one process and in every rank of a ``
   checkpoint with its key resumes from it and ends exactly where an uninterrupted run ends.
 * **Validation and early stopping**: ``callback(step)`` after every step; :class:`.selection.KeepBest` keeps the best.
 * **KL weight**: ``train(..., kl_weight=lambda)`` optimizes the tempered ELBO of
-  :class:`~pyro_whvi.infer.KLAnnealing` (VSD paper App. I.1). **Subnormals** are flushed (:mod:`.denormals`).
+  :class:`~pyro_whvi.infer.KLAnnealing` (VSD paper App. I.1). **Subnormals** are zero in the loop (:mod:`.denormals`).
 * **Divergence and Ctrl-C** stop the loop with :class:`~pyro_whvi.train.stops.TrainingDiverged` (a non-finite loss,
   checked every step, or parameter, checked before each checkpoint and after the last step: the last good
   checkpoint is kept) or :class:`~pyro_whvi.train.stops.TrainingInterrupted`, each naming the step.
@@ -150,7 +150,7 @@ def train(
         loss = _AnnealedLoss(loss, KLAnnealing(kl_weight))
     # Graphs run as traced: the optimizing executor's rewrite rounds differently, so a resumed run would not match.
     as_traced = torch.jit.optimized_execution(False) if jit else contextlib.nullcontext()  # eager: the user's setting
-    with pyro.validation_enabled(False), naming_kl_weight(kl_weight), as_traced, flush_denormals():
+    with pyro.validation_enabled(False), naming_kl_weight(kl_weight), as_traced:
         return optimize(
             loss,
             x,
@@ -168,6 +168,7 @@ def train(
         )
 
 
+@flush_denormals()  # every call: the loop's arithmetic with subnormals as zero, the caller's mode after
 def optimize(
     objective: torch.nn.Module,
     x: Tensor,
