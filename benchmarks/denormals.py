@@ -15,6 +15,7 @@ flushed (:func:`pyro_whvi.train.denormals.flush_denormals`, what ``pyro_whvi.tra
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import statistics
 import tempfile
@@ -81,11 +82,8 @@ def main(argv: list[str] | None = None) -> int:
             guide.load_state_dict(state[0])
             svi.optim.set_state(copy.deepcopy(state[1]))
             label = f"round {round_}, subnormals {'flushed' if flush else 'kept'}"
-            if flush:
-                with flush_denormals():
-                    times[True].append(steps(args.timed_steps, label))
-            else:
-                times[False].append(steps(args.timed_steps, label))
+            with flush_denormals() if flush else contextlib.nullcontext():
+                times[flush].append(steps(args.timed_steps, label))
     kept, flushed = statistics.median(times[False]), statistics.median(times[True])
     rows: list[dict[str, Any]] = [
         {"subnormals": "kept", "ms_per_step": kept, "rounds_ms": times[False], "ratio_to_flushed": kept / flushed},

@@ -85,9 +85,7 @@ def test_gp_fitted_on_a_subset_predicts_with_the_exact_posterior_given_every_row
     x, y, x_test = (t.double() for t in (data.x_train, data.y_train, data.x_test))
     args = learnability.argparse.Namespace(gp_rows=300, gp_fit_rows=60, gp_lengthscales=(1.0, 0.3))
     mean, std, noise = learnability.exact_gp(args, x, y, x_test)
-    fitted = learnability.fit_exact_gp(
-        x[:60], y[:60], (1.0, 0.3)
-    )  # Adam on CPU is deterministic: the same hyperparameters
+    fitted = learnability.fit_exact_gp(x[:60], y[:60], (1.0, 0.3))  # Adam on the CPU is deterministic: the same fit
     kernel, s2 = fitted.covar_module, float(fitted.likelihood.noise.detach())
     m = float(fitted.mean_module.constant.detach())
     with torch.no_grad():
