@@ -25,8 +25,7 @@ their negative ELBO. The same loop runs in one process and in every rank of a ``
   Adam's state, the schedule, the sampler and every rank's random state; a run that finds a
   checkpoint with its key resumes from it and ends exactly where an uninterrupted run ends.
 * **Validation and early stopping**: ``callback(step)`` after every step; :class:`.selection.KeepBest` keeps the best.
-* **KL weight**: ``train(..., kl_weight=lambda)`` optimizes the tempered ELBO of
-  :class:`~pyro_whvi.infer.KLAnnealing` (VSD paper App. I.1). **Subnormals** are zero in the loop (:mod:`.denormals`).
+* **KL weight**: ``train(..., kl_weight=lambda)``, :class:`~pyro_whvi.infer.KLAnnealing` (VSD paper App. I.1).
 * **Divergence and Ctrl-C** stop the loop with :class:`~pyro_whvi.train.stops.TrainingDiverged` (a non-finite loss,
   checked every step, or parameter, checked before each checkpoint and after the last step: the last good
   checkpoint is kept) or :class:`~pyro_whvi.train.stops.TrainingInterrupted`, each naming the step.
