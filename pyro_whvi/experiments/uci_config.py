@@ -48,7 +48,14 @@ ENGINE_VERSION = 3
 _NOT_FINGERPRINTED = ("methods", "splits", "checkpoint_every", "progress", "protocol")
 # Settings added after results were stored, with the value every earlier run had: at that value they stay out of
 # the fingerprint, so that those results remain valid.
-_LATER_SETTINGS = dict(standardize_targets=True, kl_weight=1.0, device="cpu", protocols=(), likelihood="gaussian")
+_LATER_SETTINGS = dict(
+    standardize_targets=True, kl_weight=1.0, device="cpu", protocols=(), likelihood="gaussian", method_likelihoods=()
+)
+# Why --likelihood auto gives a method one noise scale where the others get the head (auto_likelihood).
+_HEAD_REFUSED = {
+    "iblm": "I-BLM (+iblm) has no fit for a mean-variance head",
+    "mcd": "MC dropout breaks at wide with a mean-variance head",
+}
 _PROTOCOL_KEYS = ("name", "layers", "hidden", "steps", "lr")
 _LATER_SCHEDULE_SETTINGS = {"cooldown": 0.0}
 
@@ -101,7 +108,9 @@ class UCIConfig:
     ``likelihood`` (regression): ``"gaussian"``, one learned noise scale as in the papers, or ``"heteroscedastic"``,
     a mean-variance head (:class:`~pyro_whvi.nn.BayesianMLP`): the last layer predicts each row's noise too, under
     the method's posterior like every other weight. ``ensemble`` has the head either way. ``whvi uci``'s default,
-    ``--likelihood auto``, resolves to one of the two by :func:`auto_likelihood`.
+    ``--likelihood auto``, resolves to one of the two per method by :func:`auto_likelihood`. ``method_likelihoods``,
+    ``(method, likelihood)`` pairs, gives a method another than ``likelihood`` (:meth:`likelihood_of`); a method's
+    fingerprint is that of its own settings (:meth:`for_method`), so it does not depend on the others in the run.
     """
 
     methods: tuple[str, ...] = ("mfg", "mcd", "whvi")
@@ -126,6 +135,7 @@ class UCIConfig:
     jit: bool = True
     protocol: str = ""
     likelihood: str = "gaussian"
+    method_likelihoods: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         # Each method and split once: a repeated one would be read back and counted as another split.
@@ -161,10 +171,18 @@ class UCIConfig:
                 "UCIConfig: choosing among several KL weights or protocols runs in one process; give nproc 1, or one "
                 "candidate."
             )
-        if self.likelihood not in REGRESSION_LIKELIHOODS:
-            raise ValueError(f"UCIConfig: likelihood must be one of {REGRESSION_LIKELIHOODS}, got {self.likelihood!r}.")
-        with_iblm = [method for method in self.methods if parse_method(method).iblm]
-        if self.likelihood == "heteroscedastic" and with_iblm:
+        object.__setattr__(self, "method_likelihoods", tuple((str(m), str(v)) for m, v in self.method_likelihoods))
+        for owner, likelihood in (("", self.likelihood), *self.method_likelihoods):
+            if likelihood not in REGRESSION_LIKELIHOODS:
+                what = f"method_likelihoods[{owner!r}]" if owner else "likelihood"
+                raise ValueError(f"UCIConfig: {what} must be one of {REGRESSION_LIKELIHOODS}, got {likelihood!r}.")
+            if owner and owner not in self.methods:
+                raise ValueError(
+                    f"UCIConfig: method_likelihoods names {owner!r}, which is not in methods {self.methods}."
+                )
+        heads = [m for m in self.methods if self.likelihood_of(m) == "heteroscedastic"]
+        with_iblm = [method for method in heads if parse_method(method).iblm]
+        if with_iblm:
             raise ValueError(
                 f"UCIConfig: I-BLM ({with_iblm[0]}) fits the last layer to the targets and has no fit for a "
                 "mean-variance head; use likelihood 'gaussian' with it, or the method without '+iblm'."
@@ -187,6 +205,15 @@ class UCIConfig:
     def kl_weights(self) -> tuple[float, ...]:
         """The KL weight, or the candidates chosen from on validation (``kl_weight`` as a tuple)."""
         return tuple(self.kl_weight) if isinstance(self.kl_weight, (tuple, list)) else (self.kl_weight,)
+
+    def likelihood_of(self, method: str) -> str:
+        """The likelihood ``method`` trains with (regression): its entry in ``method_likelihoods``, else
+        ``likelihood``."""
+        return dict(self.method_likelihoods).get(method, self.likelihood)
+
+    def for_method(self, method: str) -> UCIConfig:
+        """These settings as ``method`` trains with them, alone: its likelihood as ``likelihood``."""
+        return replace(self, methods=(method,), likelihood=self.likelihood_of(method), method_likelihoods=())
 
     @property
     def choosing(self) -> bool:
@@ -240,12 +267,14 @@ class UCIConfig:
         if fields.get("likelihood") == AUTO_LIKELIHOOD:
             if train_rows is None:
                 raise TypeError(f"UCIConfig.from_protocol: likelihood {AUTO_LIKELIHOOD!r} needs train_rows")
+            fields["likelihood"] = auto_likelihood(label, train_rows)
             specs = [parse_method(method) for method in fields.get("methods", cls.methods)]
-            iblm, mcd = any(spec.iblm for spec in specs), any(spec.base == "mcd" for spec in specs)
-            fields["likelihood"] = auto_likelihood(label, train_rows, iblm, mcd)
-            if fields["likelihood"] != auto_likelihood(label, train_rows):
-                why = "I-BLM (+iblm) has no fit for" if iblm else "MC dropout (mcd) breaks at wide with"
-                note = f"; one noise scale, as {why} a mean-variance head"
+            own = {spec.name: auto_likelihood(label, train_rows, spec.iblm, spec.base == "mcd") for spec in specs}
+            fields["method_likelihoods"] = tuple((m, v) for m, v in own.items() if v != fields["likelihood"])
+            if fields["method_likelihoods"]:
+                named = [m for m, _ in fields["method_likelihoods"]]
+                why = [_HEAD_REFUSED["iblm" if parse_method(m).iblm else "mcd"] for m in named]
+                note = f"; one noise scale for {', '.join(named)}, as {' and '.join(dict.fromkeys(why))}"
         if AUTO_PROTOCOL in names:
             if len(names) > 1:
                 raise ValueError(f"--protocol: {AUTO_PROTOCOL} picks one protocol by the rows; give it alone")
@@ -271,7 +300,7 @@ class UCIConfig:
     def fingerprint(self, method: str, data: str = "") -> str:
         """A short hash of everything that changes the result of ``method`` on one split: the settings
         and ``data``, a key of the split's data (:func:`data_key`)."""
-        settings = asdict(self)
+        settings = asdict(self.for_method(method))
         if not self.choosing:  # read only when choosing among several candidates
             del settings["val_fraction"]
         settings = {k: v for k, v in settings.items() if k not in _NOT_FINGERPRINTED}

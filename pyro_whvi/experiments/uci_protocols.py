@@ -85,7 +85,7 @@ def auto_likelihood(protocol: str, train_rows: int, iblm: bool = False, mcd: boo
     """The likelihood ``--likelihood auto`` trains with: the mean-variance head (``"heteroscedastic"``) where
     ``--protocol auto`` picks ``wide`` (from :data:`AUTO_WIDE_FROM_ROWS` training rows), else the papers' one noise
     scale (``"gaussian"``): under a fixed ``protocol``, below the threshold, with ``iblm`` (I-BLM has no fit for
-    the head) and with ``mcd`` in the run (MC dropout with the head at ``wide`` breaks: on the robot arm at 18,000
+    the head) and for ``mcd`` (MC dropout with the head at ``wide`` breaks: on the robot arm at 18,000
     training rows its test RMSE was 43-48 σ on both splits run, against 1.31 σ with one noise scale).
 
     Measured with WHVI (``benchmarks/results/heteroscedastic/``): on the synthetic bench at 18,000 training rows and

@@ -84,10 +84,14 @@ def summary_table(name: str, summary: list[dict[str, Any]], config: UCIConfig) -
     metrics = [m for m in (*REGRESSION_METRICS, *FLOOR_METRICS, *CLASSIFICATION_METRICS) if m in summary[0]]
     schedule = config.schedule
     fixed = min(schedule.fixed_noise_steps, schedule.steps)
-    heads = "rmse" in metrics and config.likelihood == "heteroscedastic"  # no noise scale to hold
-    noise = f" (noise fixed for the first {fixed})" if "rmse" in metrics and fixed and not heads else ""
-    targets = ", raw targets" if "rmse" in metrics and not config.standardize_targets else ""
-    targets += ", mean-variance heads (heteroscedastic likelihood)" if heads else ""
+    regression = "rmse" in metrics
+    heads = [e["method"] for e in summary if regression and config.likelihood_of(e["method"]) == "heteroscedastic"]
+    every_head = len(heads) == len(summary)  # then no noise scale to hold
+    noise = f" (noise fixed for the first {fixed})" if regression and fixed and not every_head else ""
+    targets = ", raw targets" if regression and not config.standardize_targets else ""
+    if heads:
+        which = "" if every_head else f" for {', '.join(heads)} (one noise scale for the others)"
+        targets += f", mean-variance heads (heteroscedastic likelihood){which}"
     weights = config.kl_weights
     tempered = f", KL weight {weights[0]:g} (tempered)" if weights != (1.0,) else ""
     held_out = f"on {config.val_fraction * 100:g}% of each split's training rows"

@@ -91,7 +91,7 @@ def train_split(
     model, guide = build_method(
         spec,
         widths,
-        likelihood=config.likelihood if regression else "categorical",
+        likelihood=config.likelihood_of(spec.name) if regression else "categorical",
         noise_scale=config.noise_scale,
         dropout=config.dropout,
         flows=config.flows,
@@ -128,10 +128,10 @@ def predict_split(
     """Predictive samples of ``f`` on ``x_test`` and the noise's standard deviation (regression), on the CPU for the
     metrics, whatever ``config.device`` trained on (many samples: drawn in chunks, with a progress bar).
 
-    The noise is the learned scale, or with a mean-variance head (``config.likelihood`` ``"heteroscedastic"``, and
-    every ensemble) what the head predicts for each sample and test row, ``(S, N)`` like ``f``. An ensemble's
-    samples are its networks' means (logits) ``(M, N)`` (:func:`~pyro_whvi.experiments.ensemble.member_predictions`):
-    the uniform mixture's components."""
+    The noise is the learned scale, or with a mean-variance head (the method's likelihood, ``config.likelihood_of``,
+    ``"heteroscedastic"``, and every ensemble) what the head predicts for each sample and test row, ``(S, N)`` like
+    ``f``. An ensemble's samples are its networks' means (logits) ``(M, N)``
+    (:func:`~pyro_whvi.experiments.ensemble.member_predictions`): the uniform mixture's components."""
     regression = trained.data.task == "regression"
     heads = regression and getattr(trained.model, "noise_scale", None) is None
     progress = f"{trained.label}: predicting" if config.progress else False

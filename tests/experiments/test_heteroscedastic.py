@@ -15,7 +15,7 @@ import torch
 from pyro_whvi.experiments import uci
 from pyro_whvi.experiments.methods import Schedule, build_method, fit, parse_method, predictive_sites
 from pyro_whvi.experiments.uci_config import UCIConfig
-from pyro_whvi.experiments.uci_data import load_dataset_split
+from pyro_whvi.experiments.uci_data import data_key, load_dataset_split
 from pyro_whvi.experiments.uci_protocols import AUTO_WIDE_FROM_ROWS, auto_likelihood
 from pyro_whvi.experiments.uci_train import predict_split, train_split
 from pyro_whvi.metrics import gaussian_mnll
@@ -116,6 +116,29 @@ def test_stored_results_stay_valid_and_the_table_says_so(tmp_path):
         assert all(math.isfinite(row[k]) for k in ("rmse", "mnll", "noise_scale")), method
 
 
+def test_each_method_trains_with_its_own_likelihood(tmp_path):
+    write_uci(tmp_path / "toy", rows=60, splits=1)
+    schedule = Schedule(steps=4, batch_size=8, fixed_noise_steps=2)
+    config = UCIConfig(methods=("whvi", "mcd"), splits=(0,), schedule=schedule, hidden=4, samples=4, progress=False)
+    config = replace(config, likelihood="heteroscedastic", method_likelihoods=(("mcd", "gaussian"),))
+    data = load_dataset_split(tmp_path / "toy", 0)
+    trained = {m: train_split(tmp_path / "toy", parse_method(m), 0, config, data=data) for m in config.methods}
+    assert trained["whvi"].model.noise_scale is None  # the head
+    assert trained["mcd"].model.noise_scale is not None  # one learned scale
+    _, text = uci.run_uci(tmp_path / "toy", config, tmp_path / "out")
+    assert "mean-variance heads (heteroscedastic likelihood) for whvi (one noise scale for the others)" in text
+    assert "noise fixed for the first 2" in text
+    for method in config.methods:  # stored under the fingerprint the method has alone: read back by either run
+        stored = json.loads((tmp_path / "out" / "runs" / "toy" / method / "split0.json").read_text())
+        assert stored["fingerprint"] == config.for_method(method).fingerprint(method, data_key(tmp_path / "toy", 0))
+    with pytest.raises(ValueError, match=r"method_likelihoods\['mcd'\] must be one of"):
+        replace(config, method_likelihoods=(("mcd", "student"),))
+    with pytest.raises(ValueError, match=r"names 'mfg', which is not in methods"):
+        replace(config, method_likelihoods=(("mfg", "gaussian"),))
+    with pytest.raises(ValueError, match=r"without '\+iblm'"):
+        replace(config, methods=("whvi", "whvi+iblm"), method_likelihoods=())
+
+
 def test_bad_input_names_the_argument_and_the_fix(tmp_path):
     with pytest.raises(ValueError, match=r"likelihood must be one of \('gaussian', 'heteroscedastic'\)"):
         UCIConfig(likelihood="student")
@@ -155,18 +178,27 @@ def test_auto_gives_the_head_where_auto_picks_wide_and_the_papers_likelihood_els
     whvi = ("whvi",)
     assert config("auto", wide_rows, methods=whvi).likelihood == "heteroscedastic"
     assert config("auto", few, methods=whvi).likelihood == "gaussian"
-    assert config("auto", wide_rows).likelihood == "gaussian"  # the command's default methods include mcd
     assert config("wide", wide_rows).likelihood == "gaussian"  # a fixed protocol reproduces its stored runs
     assert config("wide", wide_rows).fingerprint("whvi", "k") == UCIConfig.from_protocol("wide", "k").fingerprint(
         "whvi", "k"
     )
-    iblm = config("auto", wide_rows, methods=("whvi", "whvi+iblm"))
-    assert iblm.likelihood == "gaussian" and iblm.protocol.endswith("I-BLM (+iblm) has no fit for a mean-variance head")
-    mcd = config("auto", wide_rows, methods=("whvi", "mcd"))
-    assert mcd.likelihood == "gaussian" and mcd.protocol.endswith(
-        "MC dropout (mcd) breaks at wide with a mean-variance head"
+    # Per method: the command's default methods (mfg, mcd, whvi) train WHVI as `--methods whvi` does, and MC dropout
+    # and +iblm with one noise scale, each with the fingerprint it has alone (the table says why).
+    default = config("auto", wide_rows)
+    assert [default.likelihood_of(m) for m in default.methods] == ["heteroscedastic", "gaussian", "heteroscedastic"]
+    alone = {m: config("auto", wide_rows, methods=(m,)) for m in ("whvi", "mcd", "whvi+iblm")}
+    assert alone["mcd"].likelihood_of("mcd") == alone["whvi+iblm"].likelihood_of("whvi+iblm") == "gaussian"
+    mixed = config("auto", wide_rows, methods=("whvi", "mcd", "whvi+iblm"))
+    for method, own in alone.items():
+        assert mixed.fingerprint(method, "k") == own.fingerprint(method, "k"), method
+    assert mixed.fingerprint("mcd", "k") == replace(mixed, likelihood="gaussian").fingerprint("mcd", "k")
+    assert mixed.fingerprint("whvi", "k") != replace(mixed, likelihood="gaussian").fingerprint("whvi", "k")
+    assert mixed.protocol.endswith(
+        "; one noise scale for mcd, whvi+iblm, as MC dropout breaks at wide with a mean-variance head and I-BLM "
+        "(+iblm) has no fit for a mean-variance head"
     )
-    assert config("auto", wide_rows, methods=("whvi", "ensemble")).likelihood == "heteroscedastic"
+    assert config("auto", wide_rows, methods=("whvi", "ensemble")).method_likelihoods == ()
+    assert "one noise scale" not in config("auto", wide_rows, methods=("whvi", "ensemble")).protocol
     with pytest.raises(TypeError, match="likelihood 'auto' needs train_rows"):
         UCIConfig.from_protocol("table3", "kin8nm", likelihood="auto")
     # Classification sets take the categorical likelihood whatever --likelihood auto would say.
