@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from ..train.schedule import shard_size
-from .methods import Schedule, parse_method
+from .methods import MethodSpec, Schedule, parse_method
 from .uci_protocols import (
     AUTO_LIKELIHOOD,
     AUTO_PROTOCOL,
@@ -51,13 +51,18 @@ _NOT_FINGERPRINTED = ("methods", "splits", "checkpoint_every", "progress", "prot
 _LATER_SETTINGS = dict(
     standardize_targets=True, kl_weight=1.0, device="cpu", protocols=(), likelihood="gaussian", method_likelihoods=()
 )
-# Why --likelihood auto gives a method one noise scale where the others get the head (auto_likelihood).
-_HEAD_REFUSED = {
-    "iblm": "I-BLM (+iblm) has no fit for a mean-variance head",
-    "mcd": "MC dropout breaks at wide with a mean-variance head",
-}
 _PROTOCOL_KEYS = ("name", "layers", "hidden", "steps", "lr")
 _LATER_SCHEDULE_SETTINGS = {"cooldown": 0.0}
+
+
+def _head_refused(spec: MethodSpec) -> str:
+    """Why ``--likelihood auto`` gives ``spec`` one noise scale where WHVI gets the head (:func:`auto_likelihood`):
+    what follows "a mean-variance head"."""
+    if spec.iblm:
+        return "has no fit in I-BLM (+iblm)"
+    if spec.base in ("mcd", "mfg"):
+        return "broke MC dropout and MFG at wide"
+    return f"is not measured with {spec.base} at wide"
 
 
 def _without_later_defaults(settings: dict, later: dict) -> dict:
@@ -269,12 +274,13 @@ class UCIConfig:
                 raise TypeError(f"UCIConfig.from_protocol: likelihood {AUTO_LIKELIHOOD!r} needs train_rows")
             fields["likelihood"] = auto_likelihood(label, train_rows)
             specs = [parse_method(method) for method in fields.get("methods", cls.methods)]
-            own = {spec.name: auto_likelihood(label, train_rows, spec.iblm, spec.base == "mcd") for spec in specs}
+            own = {spec.name: auto_likelihood(label, train_rows, spec.base, spec.iblm) for spec in specs}
             fields["method_likelihoods"] = tuple((m, v) for m, v in own.items() if v != fields["likelihood"])
             if fields["method_likelihoods"]:
                 named = [m for m, _ in fields["method_likelihoods"]]
-                why = [_HEAD_REFUSED["iblm" if parse_method(m).iblm else "mcd"] for m in named]
-                note = f"; one noise scale for {', '.join(named)}, as {' and '.join(dict.fromkeys(why))}"
+                why = list(dict.fromkeys(_head_refused(parse_method(m)) for m in named))
+                reasons = why[0] if len(why) == 1 else f"{', '.join(why[:-1])} and {why[-1]}"
+                note = f"; one noise scale for {', '.join(named)}, as a mean-variance head {reasons}"
         if AUTO_PROTOCOL in names:
             if len(names) > 1:
                 raise ValueError(f"--protocol: {AUTO_PROTOCOL} picks one protocol by the rows; give it alone")

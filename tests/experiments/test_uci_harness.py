@@ -388,7 +388,7 @@ def test_auto_protocol_picks_table3_or_wide_by_the_training_rows(tmp_path, monke
     assert main([*args, "--out", str(tmp_path / "large")]) == 0
     header = (tmp_path / "large" / "uci_diabetes.md").read_text()
     # --likelihood auto gives the head with wide, but not to MC dropout, and the header says why
-    note = "one noise scale for mcd, as MC dropout breaks at wide with a mean-variance head"
+    note = "one noise scale for mcd, as a mean-variance head broke MC dropout and MFG at wide"
     assert f"protocol auto: wide (398 training rows, wide from 300); {note}, 2x1024 ReLU" in header
     assert "heteroscedastic" not in header
 
