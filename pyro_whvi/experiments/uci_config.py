@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from ..train.schedule import shard_size
-from .methods import MethodSpec, Schedule, parse_method
+from .methods import Schedule, parse_method
 from .uci_protocols import (
     AUTO_LIKELIHOOD,
     AUTO_PROTOCOL,
@@ -19,6 +19,7 @@ from .uci_protocols import (
     auto_label,
     auto_likelihood,
     auto_protocol,
+    head_refused,
     protocol_settings,
 )
 
@@ -53,16 +54,6 @@ _LATER_SETTINGS = dict(
 )
 _PROTOCOL_KEYS = ("name", "layers", "hidden", "steps", "lr")
 _LATER_SCHEDULE_SETTINGS = {"cooldown": 0.0}
-
-
-def _head_refused(spec: MethodSpec) -> str:
-    """Why ``--likelihood auto`` gives ``spec`` one noise scale where WHVI gets the head (:func:`auto_likelihood`):
-    what follows "a mean-variance head"."""
-    if spec.iblm:
-        return "has no fit in I-BLM (+iblm)"
-    if spec.base in ("mcd", "mfg"):
-        return "broke MC dropout and MFG at wide"
-    return f"is not measured with {spec.base} at wide"
 
 
 def _without_later_defaults(settings: dict, later: dict) -> dict:
@@ -277,10 +268,12 @@ class UCIConfig:
             own = {spec.name: auto_likelihood(label, train_rows, spec.base, spec.iblm) for spec in specs}
             fields["method_likelihoods"] = tuple((m, v) for m, v in own.items() if v != fields["likelihood"])
             if fields["method_likelihoods"]:
-                named = [m for m, _ in fields["method_likelihoods"]]
-                why = list(dict.fromkeys(_head_refused(parse_method(m)) for m in named))
+                named = [spec for spec in specs if own[spec.name] != fields["likelihood"]]
+                why = list(dict.fromkeys(head_refused(spec.base, spec.iblm) for spec in named))
                 reasons = why[0] if len(why) == 1 else f"{', '.join(why[:-1])} and {why[-1]}"
-                note = f"; one noise scale for {', '.join(named)}, as a mean-variance head {reasons}"
+                note = (
+                    f"; one noise scale for {', '.join(spec.name for spec in named)}, as a mean-variance head {reasons}"
+                )
         if AUTO_PROTOCOL in names:
             if len(names) > 1:
                 raise ValueError(f"--protocol: {AUTO_PROTOCOL} picks one protocol by the rows; give it alone")

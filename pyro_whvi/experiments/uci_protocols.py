@@ -14,6 +14,7 @@ __all__ = [
     "auto_label",
     "auto_likelihood",
     "auto_protocol",
+    "head_refused",
     "protocol_settings",
 ]
 
@@ -103,3 +104,13 @@ def auto_likelihood(protocol: str, train_rows: int, base: str = "whvi", iblm: bo
     if protocol != AUTO_PROTOCOL or iblm or base not in HEAD_METHODS:
         return "gaussian"
     return "heteroscedastic" if auto_protocol(train_rows) == "wide" else "gaussian"
+
+
+def head_refused(base: str, iblm: bool = False) -> str:
+    """Why :func:`auto_likelihood` gives the method ``base`` (``+iblm`` when ``iblm``) one noise scale where WHVI
+    gets the head: what follows "a mean-variance head" in the table's header."""
+    if iblm:
+        return "has no fit in I-BLM (+iblm)"
+    if base in ("mcd", "mfg"):
+        return "broke MC dropout and MFG at wide"
+    return f"is not measured with {base} at wide"
