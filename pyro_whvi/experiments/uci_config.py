@@ -266,9 +266,9 @@ class UCIConfig:
             fields["likelihood"] = auto_likelihood(label, train_rows)
             specs = [parse_method(method) for method in fields.get("methods", cls.methods)]
             own = {spec.name: auto_likelihood(label, train_rows, spec.base, spec.iblm) for spec in specs}
-            fields["method_likelihoods"] = tuple((m, v) for m, v in own.items() if v != fields["likelihood"])
-            if fields["method_likelihoods"]:
-                named = [spec for spec in specs if own[spec.name] != fields["likelihood"]]
+            named = [spec for spec in specs if own[spec.name] != fields["likelihood"]]
+            fields["method_likelihoods"] = tuple((spec.name, own[spec.name]) for spec in named)
+            if named:
                 why = list(dict.fromkeys(head_refused(spec.base, spec.iblm) for spec in named))
                 reasons = why[0] if len(why) == 1 else f"{', '.join(why[:-1])} and {why[-1]}"
                 note = (

@@ -194,8 +194,8 @@ def test_auto_gives_the_head_where_auto_picks_wide_and_the_papers_likelihood_els
     assert config("wide", wide_rows).fingerprint("whvi", "k") == UCIConfig.from_protocol("wide", "k").fingerprint(
         "whvi", "k"
     )
-    # Per method: the command's default methods (mfg, mcd, whvi) train WHVI as `--methods whvi` does, and MC dropout
-    # and +iblm with one noise scale, each with the fingerprint it has alone (the table says why).
+    # Per method: the command's default methods (mfg, mcd, whvi) train WHVI as `--methods whvi` does, and MFG, MC
+    # dropout, +iblm and unmeasured guides with one noise scale, each with the fingerprint it has alone.
     default = config("auto", wide_rows)
     assert [default.likelihood_of(m) for m in default.methods] == ["gaussian", "gaussian", "heteroscedastic"]
     alone = {m: config("auto", wide_rows, methods=(m,)) for m in ("whvi", "mcd", "whvi+iblm", "vsd")}
