@@ -28,8 +28,10 @@ def check_uci_memory(config: UCIConfig, sizes: SplitSizes, available: int | None
     """:func:`check_memory` for ``whvi uci``: the costliest method of ``config`` on the largest split ``sizes``
     (:func:`~pyro_whvi.experiments.uci_data.check_source`), in the default dtype; a deep ensemble (``ensemble``)
     holds :data:`~pyro_whvi.experiments.memory_budget.ENSEMBLE_SIZE` networks, one training at a time. With
-    ``config.protocols``, every candidate network and schedule is checked."""
+    ``config.protocols``, every candidate network and schedule is checked; with ``config.method_protocols``, each
+    method's."""
     settings = [candidate for _, candidate in config.candidates()] if config.protocols else [config]
+    settings = [config.for_method(m) for m in config.methods] if config.method_protocols else settings
     for each in settings:
         _check_uci_memory(each, sizes, available, validation_rows=config.choosing, val_fraction=config.val_fraction)
 

@@ -108,7 +108,8 @@ def add_uci_command(commands) -> None:
         "--protocol",
         type=_protocols,
         metavar="{" + ",".join((AUTO_PROTOCOL, *UCI_PROTOCOLS)) + "}[,...]",
-        help=f"{AUTO_PROTOCOL} (the default): table3 below {AUTO_WIDE_FROM_ROWS:,} training rows, wide from it; "
+        help=f"{AUTO_PROTOCOL} (the default): table3 below {AUTO_WIDE_FROM_ROWS:,} training rows, wide from it for "
+        "whvi, nf-whvi and whvi-lowrank (table3 for the others, chosen per method); "
         "table3: the WHVI paper's Table 3, 2x128, lr 1e-3, 50,500 steps; table6: its Table 6 / "
         "App. D.2, 1x50 (1x100 for protein), the same schedule; wide: 2x1024, lr 3e-3, 50,500 steps. --hidden, "
         "--layers, --steps and --lr override the protocol. Several, e.g. table3,wide: each split chooses one on a "

@@ -19,8 +19,12 @@ from .uci_protocols import (
     auto_label,
     auto_likelihood,
     auto_protocol,
+    check_likelihoods,
+    check_protocol,
+    exceptions_note,
     head_refused,
     protocol_settings,
+    wide_refused,
 )
 
 __all__ = [
@@ -50,9 +54,14 @@ _NOT_FINGERPRINTED = ("methods", "splits", "checkpoint_every", "progress", "prot
 # Settings added after results were stored, with the value every earlier run had: at that value they stay out of
 # the fingerprint, so that those results remain valid.
 _LATER_SETTINGS = dict(
-    standardize_targets=True, kl_weight=1.0, device="cpu", protocols=(), likelihood="gaussian", method_likelihoods=()
+    standardize_targets=True,
+    kl_weight=1.0,
+    device="cpu",
+    protocols=(),
+    likelihood="gaussian",
+    method_likelihoods=(),
+    method_protocols=(),
 )
-_PROTOCOL_KEYS = ("name", "layers", "hidden", "steps", "lr")
 _LATER_SCHEDULE_SETTINGS = {"cooldown": 0.0}
 
 
@@ -86,27 +95,25 @@ class UCIConfig:
     learning rate are then the candidates', the rest of the schedule is shared. Empty (the default): this
     config's own network and schedule.
 
-    ``protocol``: how the network and schedule were named (``"table3"``, or ``"auto: wide (8,611 training rows,
-    wide from 3,000)"`` for :data:`AUTO_PROTOCOL`), shown in the table's header; a label, not a setting, so it is
-    not fingerprinted (``hidden``, ``layers`` and the schedule are).
+    ``protocol``: the name of the network and schedule, shown in the table's header (``"table3"``, ``"auto: wide
+    (8,611 training rows, wide from 3,000)"``); not fingerprinted (``hidden``, ``layers`` and the schedule are).
 
-    ``device``: where the model, the data and the training go (``"cpu"``, the default, or ``"cuda"``);
-    predictions and metrics come back to the CPU. It enters the fingerprint only when it is not ``"cpu"``
-    (CUDA draws other random numbers and sums in another order, so a CUDA run does not reuse a CPU run's
-    stored splits, nor the reverse), so results stored before the setting existed stay valid. ``"cuda"``
-    trains in one process (``nproc`` 1).
+    ``device``: where the model, the data and the training go (``"cpu"``, the default, or ``"cuda"``, in one
+    process); predictions and metrics come back to the CPU. Fingerprinted when not ``"cpu"`` (CUDA draws other
+    random numbers and sums in another order), so results stored before the setting existed stay valid.
 
-    ``jit``: train on the compiled ELBO (:class:`~pyro_whvi.infer.JitTrace_ELBO`, Pyro's ``torch.jit.trace`` path;
-    the default since engine version 3): the same loss and gradients as ``Trace_ELBO``, tested for every guide, and
-    2.0-2.4x faster per step on the ``table3`` network (issue 50's notes); ``False`` (``whvi uci --eager``) trains on
-    ``Trace_ELBO``. The two draw other random numbers, so it is fingerprinted.
+    ``jit``: train on the compiled ELBO (:class:`~pyro_whvi.infer.JitTrace_ELBO`, Pyro's ``torch.jit.trace`` path,
+    the default since engine version 3; fingerprinted): the same loss and gradients as ``Trace_ELBO`` (``False``,
+    ``whvi uci --eager``), 2.0-2.4x faster per step on the ``table3`` network (issue 50's notes).
 
     ``likelihood`` (regression): ``"gaussian"``, one learned noise scale as in the papers, or ``"heteroscedastic"``,
     a mean-variance head (:class:`~pyro_whvi.nn.BayesianMLP`): the last layer predicts each row's noise too, under
     the method's posterior like every other weight. ``ensemble`` has the head either way. ``whvi uci``'s default,
     ``--likelihood auto``, resolves to one of the two per method by :func:`auto_likelihood`. ``method_likelihoods``,
-    ``(method, likelihood)`` pairs, gives a method another than ``likelihood`` (:meth:`likelihood_of`); a method's
-    fingerprint is that of its own settings (:meth:`for_method`), so it does not depend on the others in the run.
+    ``(method, likelihood)`` pairs, gives a method another than ``likelihood`` (:meth:`likelihood_of`), and
+    ``method_protocols``, ``(method, protocol)`` pairs (as in ``protocols``), another network and schedule (as
+    :func:`auto_protocol` does). A method trains with, and is fingerprinted by, its own settings (:meth:`for_method`),
+    so its stored splits do not depend on the others in the run.
     """
 
     methods: tuple[str, ...] = ("mfg", "mcd", "whvi")
@@ -132,6 +139,7 @@ class UCIConfig:
     protocol: str = ""
     likelihood: str = "gaussian"
     method_likelihoods: tuple[tuple[str, str], ...] = ()
+    method_protocols: tuple[tuple[str, dict[str, Any]], ...] = ()
 
     def __post_init__(self) -> None:
         # Each method and split once: a repeated one would be read back and counted as another split.
@@ -151,13 +159,14 @@ class UCIConfig:
         weights = tuple(dict.fromkeys(float(weight) for weight in weights))
         object.__setattr__(self, "kl_weight", weights if len(weights) > 1 else weights[0])  # one: a number, as stored
         object.__setattr__(self, "protocols", tuple(dict(protocol) for protocol in self.protocols))
-        for protocol in self.protocols:
-            if tuple(sorted(protocol)) != tuple(sorted(_PROTOCOL_KEYS)):
-                raise ValueError(f"UCIConfig: each protocol needs exactly the keys {_PROTOCOL_KEYS}, got {protocol}.")
-            if protocol["hidden"] < 1 or protocol["layers"] < 0 or protocol["steps"] < 1 or protocol["lr"] <= 0:
+        object.__setattr__(self, "method_protocols", tuple((str(m), dict(p)) for m, p in self.method_protocols))
+        for owner, _ in self.method_protocols:
+            if owner not in self.methods or self.protocols:
                 raise ValueError(
-                    f"UCIConfig: protocol {protocol['name']!r} needs hidden, steps >= 1, layers >= 0 and lr > 0."
+                    f"UCIConfig: method_protocols names {owner!r}: a method in {self.methods}, without protocols."
                 )
+        for protocol in (*self.protocols, *(protocol for _, protocol in self.method_protocols)):
+            check_protocol(protocol)
         if len({protocol["name"] for protocol in self.protocols}) < len(self.protocols):
             raise ValueError(f"UCIConfig: protocol names must differ, got {[p['name'] for p in self.protocols]}.")
         if self.choosing and not 0 < self.val_fraction < 1:
@@ -168,14 +177,7 @@ class UCIConfig:
                 "candidate."
             )
         object.__setattr__(self, "method_likelihoods", tuple((str(m), str(v)) for m, v in self.method_likelihoods))
-        for owner, likelihood in (("", self.likelihood), *self.method_likelihoods):
-            if likelihood not in REGRESSION_LIKELIHOODS:
-                what = f"method_likelihoods[{owner!r}]" if owner else "likelihood"
-                raise ValueError(f"UCIConfig: {what} must be one of {REGRESSION_LIKELIHOODS}, got {likelihood!r}.")
-            if owner and owner not in self.methods:
-                raise ValueError(
-                    f"UCIConfig: method_likelihoods names {owner!r}, which is not in methods {self.methods}."
-                )
+        check_likelihoods(self.likelihood, self.method_likelihoods, self.methods)
         heads = [m for m in self.methods if self.likelihood_of(m) == "heteroscedastic"]
         with_iblm = [method for method in heads if parse_method(method).iblm]
         if with_iblm:
@@ -208,8 +210,18 @@ class UCIConfig:
         return dict(self.method_likelihoods).get(method, self.likelihood)
 
     def for_method(self, method: str) -> UCIConfig:
-        """These settings as ``method`` trains with them, alone: its likelihood as ``likelihood``."""
-        return replace(self, methods=(method,), likelihood=self.likelihood_of(method), method_likelihoods=())
+        """These settings as ``method`` trains with them, alone: its likelihood as ``likelihood``, its network and
+        schedule from ``method_protocols``."""
+        network = self._network(dict(self.method_protocols).get(method))
+        own = replace(self, method_protocols=(), **network)
+        return replace(own, methods=(method,), likelihood=self.likelihood_of(method), method_likelihoods=())
+
+    def _network(self, protocol: dict[str, Any] | None) -> dict[str, Any]:
+        """The fields that give these settings ``protocol``'s network and schedule (none for ``None``)."""
+        if protocol is None:
+            return {}
+        schedule = replace(self.schedule, steps=protocol["steps"], lr=protocol["lr"])
+        return {"hidden": protocol["hidden"], "layers": protocol["layers"], "schedule": schedule}
 
     @property
     def choosing(self) -> bool:
@@ -225,14 +237,8 @@ class UCIConfig:
         result = []
         for protocol in protocols:
             for weight in self.kl_weights:
-                settings = replace(self, kl_weight=weight, protocols=())
-                if protocol is None:
-                    label = repr(weight)
-                else:
-                    schedule = replace(self.schedule, steps=protocol["steps"], lr=protocol["lr"])
-                    network = {"hidden": protocol["hidden"], "layers": protocol["layers"]}
-                    settings = replace(settings, **network, schedule=schedule)
-                    label = protocol["name"] + (f":kl{weight!r}" if several_weights else "")
+                settings = replace(self, kl_weight=weight, protocols=(), **self._network(protocol))
+                label = repr(weight) if protocol is None else protocol["name"] + (f":kl{weight!r}" * several_weights)
                 result.append((label, settings))
         return result
 
@@ -256,44 +262,42 @@ class UCIConfig:
         :func:`protocol_settings` with the overrides that are not ``None``, the rest of the schedule, and any
         other field of :class:`UCIConfig` as a keyword. Several names (a tuple) are candidates chosen per split
         (``protocols``), the overrides applied to each; the config's own network and schedule are the first's.
-        :data:`AUTO_PROTOCOL` (alone) is :func:`auto_protocol` of ``train_rows``, which it then needs, as does
-        ``likelihood=``:data:`AUTO_LIKELIHOOD` (:func:`auto_likelihood`)."""
+        :data:`AUTO_PROTOCOL` (alone; per method, ``method_protocols``) is :func:`auto_protocol` of ``train_rows``,
+        which it then needs, as does ``likelihood=``:data:`AUTO_LIKELIHOOD` (:func:`auto_likelihood`)."""
         names = (name,) if isinstance(name, str) else tuple(dict.fromkeys(name))
-        label, note = (names[0] if len(names) == 1 else ""), ""
-        if fields.get("likelihood") == AUTO_LIKELIHOOD:
-            if train_rows is None:
-                raise TypeError(f"UCIConfig.from_protocol: likelihood {AUTO_LIKELIHOOD!r} needs train_rows")
-            fields["likelihood"] = auto_likelihood(label, train_rows)
-            specs = [parse_method(method) for method in fields.get("methods", cls.methods)]
-            own = {spec.name: auto_likelihood(label, train_rows, spec.base, spec.iblm) for spec in specs}
-            named = [spec for spec in specs if own[spec.name] != fields["likelihood"]]
-            fields["method_likelihoods"] = tuple((spec.name, own[spec.name]) for spec in named)
-            if named:
-                why = list(dict.fromkeys(head_refused(spec.base, spec.iblm) for spec in named))
-                reasons = why[0] if len(why) == 1 else f"{', '.join(why[:-1])} and {why[-1]}"
-                note = (
-                    f"; one noise scale for {', '.join(spec.name for spec in named)}, as a mean-variance head {reasons}"
-                )
+        label = shown = names[0] if len(names) == 1 else ""
+        specs = [parse_method(method) for method in fields.get("methods", cls.methods)]
+        overrides = {"layers": layers, "hidden": hidden, "steps": steps, "lr": lr}
         if AUTO_PROTOCOL in names:
             if len(names) > 1:
                 raise ValueError(f"--protocol: {AUTO_PROTOCOL} picks one protocol by the rows; give it alone")
             if train_rows is None:
                 raise TypeError(f"UCIConfig.from_protocol: {AUTO_PROTOCOL!r} needs train_rows")
-            names = (auto_protocol(train_rows),)
-            label = auto_label(train_rows)
-        fields.setdefault("protocol", label + note)
-        overrides = {"layers": layers, "hidden": hidden, "steps": steps, "lr": lr}
+            own = {spec.name: auto_protocol(train_rows, spec.base) for spec in specs}
+            names = ("wide",) if "wide" in own.values() else ("table3",)  # the run's: its WHVI's, where it has one
+            shown = auto_label(train_rows, names[0])
+            fields["method_protocols"] = tuple(
+                (m, {"name": p, **protocol_settings(p, dataset, **overrides)}) for m, p in own.items() if p != names[0]
+            )
+            refused = auto_protocol(train_rows) == "wide"  # WHVI would train wide: say why these do not
+            narrow = {spec.name: wide_refused(spec.base) for spec in specs if refused and own[spec.name] != "wide"}
+            shown += exceptions_note("table3", "wide", narrow)
+        if fields.get("likelihood") == AUTO_LIKELIHOOD:
+            if train_rows is None:
+                raise TypeError(f"UCIConfig.from_protocol: likelihood {AUTO_LIKELIHOOD!r} needs train_rows")
+            fields["likelihood"] = auto_likelihood(label, train_rows)
+            heads = {spec.name: auto_likelihood(label, train_rows, spec.base, spec.iblm) for spec in specs}
+            named = [spec for spec in specs if heads[spec.name] != fields["likelihood"]]
+            fields["method_likelihoods"] = tuple((spec.name, heads[spec.name]) for spec in named)
+            reasons = {spec.name: head_refused(spec.base, spec.iblm) for spec in named}
+            shown += exceptions_note("one noise scale", "a mean-variance head", reasons)
+        fields.setdefault("protocol", shown)
         candidates = [{"name": each, **protocol_settings(each, dataset, **overrides)} for each in names]
         if len(candidates) > 1:
             fields["protocols"] = tuple(candidates)
         protocol = candidates[0]
-        schedule = Schedule(
-            steps=protocol["steps"],
-            fixed_noise_steps=fixed_noise_steps,
-            batch_size=batch_size,
-            lr=protocol["lr"],
-            cooldown=cooldown,
-        )
+        steps, lr = protocol["steps"], protocol["lr"]
+        schedule = Schedule(steps, fixed_noise_steps, batch_size, lr=lr, cooldown=cooldown)
         return cls(schedule=schedule, hidden=protocol["hidden"], layers=protocol["layers"], **fields)
 
     def fingerprint(self, method: str, data: str = "") -> str:

@@ -178,11 +178,11 @@ def test_auto_gives_the_head_where_auto_picks_wide_and_the_papers_likelihood_els
     assert [auto_likelihood("auto", n) for n in (few, wide_rows)] == ["gaussian", "heteroscedastic"]
     assert {auto_likelihood(name, wide_rows) for name in ("table3", "table6", "wide", "")} == {"gaussian"}
     assert auto_likelihood("auto", wide_rows, "whvi", iblm=True) == "gaussian"
-    # The head where it was measured to work (WHVI, NF-WHVI; an ensemble has it anyway), not where it broke (MC
-    # dropout, MFG) nor where it was not measured.
+    # The head where it was measured to work (WHVI, NF-WHVI, MC dropout at table3; an ensemble has it anyway), not
+    # where it broke (MFG at wide) nor where it was not measured.
     heads = {base: auto_likelihood("auto", wide_rows, base) for base in (*BASE_METHODS, ENSEMBLE)}
     assert {base for base, likelihood in heads.items() if likelihood == "heteroscedastic"} == set(HEAD_METHODS)
-    assert set(HEAD_METHODS) == {"whvi", "nf-whvi", "ensemble"}
+    assert set(HEAD_METHODS) == {"whvi", "nf-whvi", "mcd", "ensemble"}
 
     def config(protocol, rows, **fields):
         return UCIConfig.from_protocol(protocol, "kin8nm", train_rows=rows, likelihood="auto", **fields)
@@ -197,17 +197,17 @@ def test_auto_gives_the_head_where_auto_picks_wide_and_the_papers_likelihood_els
     # Per method: the command's default methods (mfg, mcd, whvi) train WHVI as `--methods whvi` does, and MFG, MC
     # dropout, +iblm and unmeasured guides with one noise scale, each with the fingerprint it has alone.
     default = config("auto", wide_rows)
-    assert [default.likelihood_of(m) for m in default.methods] == ["gaussian", "gaussian", "heteroscedastic"]
-    alone = {m: config("auto", wide_rows, methods=(m,)) for m in ("whvi", "mcd", "whvi+iblm", "vsd")}
-    assert {alone[m].likelihood_of(m) for m in ("mcd", "whvi+iblm", "vsd")} == {"gaussian"}
-    mixed = config("auto", wide_rows, methods=("whvi", "mcd", "whvi+iblm", "vsd"))
+    assert [default.likelihood_of(m) for m in default.methods] == ["gaussian", "heteroscedastic", "heteroscedastic"]
+    alone = {m: config("auto", wide_rows, methods=(m,)) for m in ("whvi", "mfg", "whvi+iblm", "vsd")}
+    assert {alone[m].likelihood_of(m) for m in ("mfg", "whvi+iblm", "vsd")} == {"gaussian"}
+    mixed = config("auto", wide_rows, methods=("whvi", "mfg", "whvi+iblm", "vsd"))
     for method, own in alone.items():
         assert mixed.fingerprint(method, "k") == own.fingerprint(method, "k"), method
-    assert mixed.fingerprint("mcd", "k") == replace(mixed, likelihood="gaussian").fingerprint("mcd", "k")
+    assert mixed.fingerprint("mfg", "k") == replace(mixed, likelihood="gaussian").fingerprint("mfg", "k")
     assert mixed.fingerprint("whvi", "k") != replace(mixed, likelihood="gaussian").fingerprint("whvi", "k")
     assert mixed.protocol.endswith(
-        "; one noise scale for mcd, whvi+iblm, vsd, as a mean-variance head broke MC dropout and MFG at wide, has no "
-        "fit in I-BLM (+iblm) and is not measured with vsd at wide"
+        "; one noise scale for mfg, whvi+iblm, vsd, as a mean-variance head broke MFG at wide and is not measured with "
+        "it at table3, has no fit in I-BLM (+iblm) and is not measured with vsd"
     )
     assert config("auto", wide_rows, methods=("whvi", "ensemble")).method_likelihoods == ()
     assert "one noise scale" not in config("auto", wide_rows, methods=("whvi", "ensemble")).protocol

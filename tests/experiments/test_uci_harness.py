@@ -350,47 +350,110 @@ def test_several_protocols_are_chosen_per_split_on_validation_rows(tmp_path, mon
 
 
 def test_auto_protocol_picks_table3_or_wide_by_the_training_rows(tmp_path, monkeypatch):
-    """``--protocol auto``, the default: ``table3`` below AUTO_WIDE_FROM_ROWS training rows, ``wide`` from it. The
-    choice is the fixed protocol's run (same fingerprint, so stored table3 results stay valid), and the table says
-    which protocol the rows gave."""
+    """``--protocol auto``, the default: ``table3`` below AUTO_WIDE_FROM_ROWS training rows; from it ``wide`` for the
+    WHVI family (WIDE_METHODS, O(D) variational parameters a layer) and ``table3`` still for the dense-weight methods.
+    Each method's choice is its fixed protocol's run (same settings and fingerprint, so stored results stay valid),
+    also in a run that mixes them, and the table says which protocol the rows gave and which methods kept table3."""
     from pyro_whvi.experiments import uci_protocols
     from pyro_whvi.experiments.cli import main
+    from pyro_whvi.experiments.methods import METHODS
     from pyro_whvi.experiments.uci_config import AUTO_WIDE_FROM_ROWS, auto_protocol
 
     assert AUTO_WIDE_FROM_ROWS == 3_000
     assert [auto_protocol(n) for n in (1, 2_999, 3_000, 45_000)] == ["table3", "table3", "wide", "wide"]
+    wide = {base for base in METHODS if auto_protocol(45_000, base) == "wide"}
+    assert wide == set(uci_protocols.WIDE_METHODS) == {"whvi", "nf-whvi", "whvi-lowrank"}
+    assert {auto_protocol(2_999, base) for base in METHODS} == {"table3"}
     for bad in (0, -5, 2.5, True):
         with pytest.raises(ValueError, match="positive number of training rows"):
             auto_protocol(bad)
     for rows, name in ((2_999, "table3"), (3_000, "wide")):
-        auto = UCIConfig.from_protocol("auto", "kin8nm", train_rows=rows, steps=7)
-        fixed = UCIConfig.from_protocol(name, "kin8nm", steps=7)
+        auto = UCIConfig.from_protocol("auto", "kin8nm", train_rows=rows, steps=7, methods=("whvi",))
+        fixed = UCIConfig.from_protocol(name, "kin8nm", steps=7, methods=("whvi",))
         assert replace(auto, protocol="") == replace(fixed, protocol="")
         assert auto.fingerprint("whvi", "k") == fixed.fingerprint("whvi", "k")
         assert auto.protocol == f"auto: {name} ({rows:,} training rows, wide from 3,000)" and fixed.protocol == name
-    wide = UCIConfig.from_protocol("auto", "kin8nm", train_rows=7_373)
-    assert (wide.layers, wide.hidden, wide.schedule.steps, wide.schedule.lr) == (2, 1024, 50_500, 3e-3)
+    default = UCIConfig.from_protocol("auto", "kin8nm", train_rows=7_373)  # mfg, mcd, whvi
+    assert (default.layers, default.hidden, default.schedule.steps, default.schedule.lr) == (2, 1024, 50_500, 3e-3)
+    assert [method for method, _ in default.method_protocols] == ["mfg", "mcd"]
+    for method, name in (("mfg", "table3"), ("mcd", "table3"), ("whvi", "wide")):
+        fixed = UCIConfig.from_protocol(name, "kin8nm", methods=(method,))
+        own = default.for_method(method)
+        assert (own.layers, own.hidden, own.schedule) == (fixed.layers, fixed.hidden, fixed.schedule), method
+        assert default.fingerprint(method, "k") == fixed.fingerprint(method, "k"), method
+    assert default.protocol == (
+        "auto: wide (7,373 training rows, wide from 3,000); table3 for mfg, mcd, as wide was worse than table3 for MC "
+        "dropout and MFG"
+    )
+    alone = UCIConfig.from_protocol("auto", "kin8nm", train_rows=7_373, methods=("mcd", "vsd"))
+    assert (alone.hidden, alone.method_protocols) == (128, ())  # no WHVI in the run: table3 is the run's
+    assert alone.protocol == (
+        "auto: table3 (7,373 training rows, wide from 3,000); table3 for mcd, vsd, as wide was worse than table3 for "
+        "MC dropout and MFG and is not measured with vsd"
+    )
     with pytest.raises(TypeError, match="needs train_rows"):
         UCIConfig.from_protocol("auto", "kin8nm")
     with pytest.raises(ValueError, match="give it alone"):
         UCIConfig.from_protocol(("auto", "wide"), "kin8nm", train_rows=10)
+    table3 = dict(default.method_protocols)["mcd"]
+    with pytest.raises(ValueError, match=r"method_protocols names 'vsd': a method in \('mcd', 'whvi'\)"):
+        UCIConfig(methods=("mcd", "whvi"), method_protocols=(("vsd", table3),))
+    with pytest.raises(ValueError, match="without protocols"):
+        UCIConfig(methods=("mcd",), method_protocols=(("mcd", table3),), protocols=({**table3, "name": "a"},))
+    with pytest.raises(ValueError, match="each protocol needs exactly the keys"):
+        UCIConfig(methods=("mcd",), method_protocols=(("mcd", {"hidden": 3}),))
     # The command's default: diabetes has 398 training rows, so table3; with the threshold below them, wide.
-    args = ["uci", "--dataset", "diabetes", "--methods", "mcd", "--splits", "0", "--samples", "4", "--steps", "3"]
+    args = ["uci", "--dataset", "diabetes", "--methods", "mfg", "--splits", "0", "--samples", "4", "--steps", "3"]
     assert main([*args, "--out", str(tmp_path / "small")]) == 0
     header = (tmp_path / "small" / "uci_diabetes.md").read_text()
     assert "protocol auto: table3 (398 training rows, wide from 3,000), 2x128 ReLU" in header
-    stored = tmp_path / "small" / "runs" / "diabetes" / "mcd" / "split0.json"
+    stored = tmp_path / "small" / "runs" / "diabetes" / "mfg" / "split0.json"
     first = json.loads(stored.read_text())
     assert main([*args, "--protocol", "table3", "--out", str(tmp_path / "small")]) == 0  # read back, not retrained
     assert json.loads(stored.read_text()) == first
     assert "heteroscedastic" not in header  # the paper's likelihood below the threshold
     monkeypatch.setattr(uci_protocols, "AUTO_WIDE_FROM_ROWS", 300)
-    assert main([*args, "--out", str(tmp_path / "large")]) == 0
-    header = (tmp_path / "large" / "uci_diabetes.md").read_text()
-    # --likelihood auto gives the head with wide, but not to MC dropout, and the header says why
-    note = "one noise scale for mcd, as a mean-variance head broke MC dropout and MFG at wide"
-    assert f"protocol auto: wide (398 training rows, wide from 300); {note}, 2x1024 ReLU" in header
-    assert "heteroscedastic" not in header
+    args[4] = "mfg,whvi"
+    assert main([*args, "--out", str(tmp_path / "small")]) == 0
+    assert json.loads(stored.read_text()) == first  # MFG keeps table3 beside a wide WHVI: read back again
+    header = (tmp_path / "small" / "uci_diabetes.md").read_text()
+    # --likelihood auto gives WHVI the head with wide, but not MFG, and the header says why
+    notes = (
+        "table3 for mfg, as wide was worse than table3 for MC dropout and MFG; one noise scale for mfg, as a "
+        "mean-variance head broke MFG at wide and is not measured with it at table3"
+    )
+    assert f"protocol auto: wide (398 training rows, wide from 300); {notes}, 2x1024 ReLU" in header
+    saved = json.loads((tmp_path / "small" / "uci_diabetes.json").read_text())
+    parameters = {row["method"]: row["variational_parameters"] for row in saved["meta"]["splits"]}
+    assert parameters["mfg"] == first["row"]["variational_parameters"] < 1024**2  # 2 x 128 (2 x 1024: over 1M)
+
+
+def test_the_memory_check_sizes_each_method_by_its_own_protocol():
+    """A method with its own network (``method_protocols``, as ``--protocol auto`` gives MFG and MC dropout) is
+    checked with it, not with the run's: here MFG's is far larger than the run's 2 x 128."""
+    from pyro_whvi.experiments.memory_checks import check_uci_memory
+    from pyro_whvi.experiments.uci_data import SplitSizes
+
+    sizes = SplitSizes(train=18_000, test=2_000, features=8, outputs=1)
+    large = {"name": "large", "layers": 2, "hidden": 4096, "steps": 50_500, "lr": 1e-3}
+    config = UCIConfig.from_protocol("table3", "robot", methods=("mfg", "whvi"))
+    mixed = replace(config, method_protocols=(("mfg", large),))
+
+    def smallest_fitting(config):  # the fewest bytes the check lets the run train in
+        low, high = 1, 2**42
+        while low < high:
+            middle = (low + high) // 2
+            try:
+                check_uci_memory(config, sizes, available=middle)
+                high = middle
+            except ValueError:
+                low = middle + 1
+        return low
+
+    own = [smallest_fitting(mixed.for_method(method)) for method in mixed.methods]
+    assert smallest_fitting(mixed) == max(own) > 4 * smallest_fitting(config)
+    with pytest.raises(ValueError, match="--hidden 4096"):
+        check_uci_memory(mixed, sizes, available=smallest_fitting(config))
 
 
 def test_bundled_sets_load_for_both_tasks():
