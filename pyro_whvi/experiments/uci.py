@@ -218,8 +218,7 @@ def _run_jobs(source: str | Path, config: UCIConfig, out: Path) -> tuple[list[di
             store = path.with_suffix(".validation.json")
             if split not in loaded:
                 loaded[split] = load_dataset_split(source, split, standardize_targets=config.standardize_targets)
-            own = config.for_method(method)  # its likelihood, network and schedule
-            row, extra = run_split(source, parse_method(method), split, own, checkpoint, store, loaded[split])
+            row, extra = run_split(source, parse_method(method), split, config, checkpoint, store, loaded[split])
             saved = {"fingerprint": fingerprint, "row": row, **extra}
             if leader:
                 write_atomic(path, json.dumps(saved, indent=2))

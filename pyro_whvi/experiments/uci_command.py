@@ -133,8 +133,8 @@ def add_uci_command(commands) -> None:
         default=AUTO_LIKELIHOOD,
         help=f"regression: gaussian, the papers' one learned noise scale; heteroscedastic, a mean-variance head (the "
         "last layer also predicts each row's noise, under the method's posterior; not with +iblm); auto (the "
-        f"default): the head where --protocol auto picks wide (from {AUTO_WIDE_FROM_ROWS:,} training rows), else "
-        "gaussian, chosen per method (the head only for whvi and nf-whvi). ensemble has the head either way",
+        f"default): the head under --protocol auto from {AUTO_WIDE_FROM_ROWS:,} training rows for whvi, nf-whvi and "
+        "mcd, else gaussian, chosen per method. ensemble has the head either way",
     )
     uci.add_argument(
         "--raw-targets",

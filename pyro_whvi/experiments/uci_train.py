@@ -62,7 +62,8 @@ def train_split(
     candidate: str = "",
 ) -> TrainedSplit:
     """Build ``spec``'s network for split ``split`` (seeded with ``config.seed + split``) and train it on
-    the split's training data (in every rank of a process group: each its shard).
+    the split's training data (in every rank of a process group: each its shard), with the settings ``spec`` has
+    in ``config`` (:meth:`~.uci_config.UCIConfig.for_method`: its likelihood, network and schedule).
 
     :param kl_weight: the KL term's weight; default ``config.kl_weight``, which must then be a single one.
     :param data: the split as loaded by the caller, or a part of it to train on instead (a validation holdout's
@@ -82,6 +83,7 @@ def train_split(
                 "with as kl_weight (choose_settings chooses one)"
             )
         kl_weight = config.kl_weights[0]
+    config = config.for_method(spec.name)  # its likelihood, network and schedule (UCIConfig.method_protocols)
     if data is None:
         data = load_dataset_split(source, split, standardize_targets=config.standardize_targets)
     pyro.set_rng_seed(config.seed + split)
@@ -91,7 +93,7 @@ def train_split(
     model, guide = build_method(
         spec,
         widths,
-        likelihood=config.likelihood_of(spec.name) if regression else "categorical",
+        likelihood=config.likelihood if regression else "categorical",
         noise_scale=config.noise_scale,
         dropout=config.dropout,
         flows=config.flows,

@@ -133,6 +133,13 @@ def test_each_method_trains_with_its_own_likelihood(tmp_path):
     trained = {m: train_split(tmp_path / "toy", parse_method(m), 0, config, data=data) for m in config.methods}
     assert trained["whvi"].model.noise_scale is None  # the head
     assert trained["mcd"].model.noise_scale is not None  # one learned scale
+    narrow = {"name": "narrow", "layers": 1, "hidden": 2, "steps": 3, "lr": 1e-2}  # and its own network and schedule
+    small = train_split(tmp_path / "toy", parse_method("mcd"), 0, replace(config, method_protocols=(("mcd", narrow),)))
+
+    def parameters(trained):
+        return sum(p.numel() for p in trained.guide.parameters())
+
+    assert len(small.losses) == 3 < len(trained["mcd"].losses) and parameters(small) < parameters(trained["mcd"])
     _, text = uci.run_uci(tmp_path / "toy", config, tmp_path / "out")
     assert "mean-variance heads (heteroscedastic likelihood) for whvi (one noise scale for the others)" in text
     assert "noise fixed for the first 2" in text
