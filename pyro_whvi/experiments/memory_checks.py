@@ -30,8 +30,12 @@ def check_uci_memory(config: UCIConfig, sizes: SplitSizes, available: int | None
     holds :data:`~pyro_whvi.experiments.memory_budget.ENSEMBLE_SIZE` networks, one training at a time. With
     ``config.protocols``, every candidate network and schedule is checked; with ``config.method_protocols``, each
     method's."""
-    settings = [candidate for _, candidate in config.candidates()] if config.protocols else [config]
-    settings = [config.for_method(m) for m in config.methods] if config.method_protocols else settings
+    if config.protocols:
+        settings = [candidate for _, candidate in config.candidates()]
+    elif config.method_protocols:
+        settings = [config.for_method(method) for method in config.methods]
+    else:
+        settings = [config]
     for each in settings:
         _check_uci_memory(each, sizes, available, validation_rows=config.choosing, val_fraction=config.val_fraction)
 

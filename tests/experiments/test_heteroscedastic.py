@@ -180,7 +180,8 @@ def test_bad_input_names_the_argument_and_the_fix(tmp_path):
 
 def test_auto_gives_the_head_where_auto_picks_wide_and_the_papers_likelihood_elsewhere(tmp_path):
     """``--likelihood auto`` (the command's default): the head with ``--protocol auto`` from the threshold on; one
-    noise scale below it, under every fixed protocol, and with ``+iblm`` or ``mcd`` in the run (the table says why)."""
+    noise scale below it, under every fixed protocol, and for ``+iblm``, ``mfg`` and unmeasured guides (the table says
+    why)."""
     wide_rows, few = AUTO_WIDE_FROM_ROWS, AUTO_WIDE_FROM_ROWS - 1
     assert [auto_likelihood("auto", n) for n in (few, wide_rows)] == ["gaussian", "heteroscedastic"]
     assert {auto_likelihood(name, wide_rows) for name in ("table3", "table6", "wide", "")} == {"gaussian"}
@@ -201,8 +202,8 @@ def test_auto_gives_the_head_where_auto_picks_wide_and_the_papers_likelihood_els
     assert config("wide", wide_rows).fingerprint("whvi", "k") == UCIConfig.from_protocol("wide", "k").fingerprint(
         "whvi", "k"
     )
-    # Per method: the command's default methods (mfg, mcd, whvi) train WHVI as `--methods whvi` does, and MFG, MC
-    # dropout, +iblm and unmeasured guides with one noise scale, each with the fingerprint it has alone.
+    # Per method: the command's default methods (mfg, mcd, whvi) train WHVI as `--methods whvi` does, MC dropout with
+    # the head too, and MFG, +iblm and unmeasured guides with one noise scale, each with the fingerprint it has alone.
     default = config("auto", wide_rows)
     assert [default.likelihood_of(m) for m in default.methods] == ["gaussian", "heteroscedastic", "heteroscedastic"]
     alone = {m: config("auto", wide_rows, methods=(m,)) for m in ("whvi", "mfg", "whvi+iblm", "vsd")}
