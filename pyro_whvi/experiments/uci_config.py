@@ -20,6 +20,7 @@ from .uci_protocols import (
     auto_likelihood,
     auto_protocol,
     check_likelihoods,
+    check_method_protocols,
     check_protocol,
     exceptions_note,
     head_refused,
@@ -160,12 +161,8 @@ class UCIConfig:
         object.__setattr__(self, "kl_weight", weights if len(weights) > 1 else weights[0])  # one: a number, as stored
         object.__setattr__(self, "protocols", tuple(dict(protocol) for protocol in self.protocols))
         object.__setattr__(self, "method_protocols", tuple((str(m), dict(p)) for m, p in self.method_protocols))
-        for owner, _ in self.method_protocols:
-            if owner not in self.methods or self.protocols:
-                raise ValueError(
-                    f"UCIConfig: method_protocols names {owner!r}: a method in {self.methods}, without protocols."
-                )
-        for protocol in (*self.protocols, *(protocol for _, protocol in self.method_protocols)):
+        check_method_protocols(self.method_protocols, self.methods, self.protocols)
+        for protocol in self.protocols:
             check_protocol(protocol)
         if len({protocol["name"] for protocol in self.protocols}) < len(self.protocols):
             raise ValueError(f"UCIConfig: protocol names must differ, got {[p['name'] for p in self.protocols]}.")

@@ -17,6 +17,7 @@ __all__ = [
     "auto_likelihood",
     "auto_protocol",
     "check_likelihoods",
+    "check_method_protocols",
     "check_protocol",
     "exceptions_note",
     "head_refused",
@@ -63,9 +64,15 @@ def auto_protocol(train_rows: int, base: str = "whvi") -> str:
     below :data:`AUTO_WIDE_FROM_ROWS`, ``wide`` from it for the methods of :data:`WIDE_METHODS` (``table3`` for the
     others). It costs one run, where choosing on held-out rows (``--protocol table3,wide``) costs about three and
     chose no better on the splits measured."""
+    return "wide" if _from_threshold(train_rows, "auto_protocol") and base in WIDE_METHODS else "table3"
+
+
+def _from_threshold(train_rows: int, caller: str) -> bool:
+    """Whether ``train_rows`` (a positive int, else a :class:`ValueError` naming ``caller``) reaches
+    :data:`AUTO_WIDE_FROM_ROWS`."""
     if isinstance(train_rows, bool) or not isinstance(train_rows, int) or train_rows < 1:
-        raise ValueError(f"auto_protocol: a positive number of training rows expected, got {train_rows!r}")
-    return "wide" if train_rows >= AUTO_WIDE_FROM_ROWS and base in WIDE_METHODS else "table3"
+        raise ValueError(f"{caller}: a positive number of training rows expected, got {train_rows!r}")
+    return train_rows >= AUTO_WIDE_FROM_ROWS
 
 
 def wide_refused(base: str) -> str:
@@ -95,6 +102,23 @@ def check_protocol(protocol: dict) -> None:
         raise ValueError(f"UCIConfig: each protocol needs exactly the keys {PROTOCOL_KEYS}, got {protocol}.")
     if protocol["hidden"] < 1 or protocol["layers"] < 0 or protocol["steps"] < 1 or protocol["lr"] <= 0:
         raise ValueError(f"UCIConfig: protocol {protocol['name']!r} needs hidden, steps >= 1, layers >= 0 and lr > 0.")
+
+
+def check_method_protocols(
+    method_protocols: tuple[tuple[str, dict], ...], methods: tuple[str, ...], protocols: tuple[dict, ...]
+) -> None:
+    """Raise a :class:`ValueError` naming what is wrong unless each of ``method_protocols`` (pairs ``(method,
+    protocol)``) names one of ``methods`` and passes :func:`check_protocol`, and no ``protocols`` (candidates chosen
+    on held-out rows) are given with them."""
+    for owner, protocol in method_protocols:
+        if owner not in methods:
+            raise ValueError(f"UCIConfig: method_protocols names {owner!r}, which is not in methods {methods}.")
+        if protocols:
+            raise ValueError(
+                f"UCIConfig: method_protocols ({owner!r}) cannot be combined with protocols (candidates chosen on "
+                "held-out rows); give one or the other."
+            )
+        check_protocol(protocol)
 
 
 def protocol_settings(name: str, dataset: str, **overrides: int | float | None) -> dict:
@@ -145,7 +169,7 @@ def auto_likelihood(protocol: str, train_rows: int, base: str = "whvi", iblm: bo
     concrete's past the paper's, so the paper's likelihood stays there."""
     if protocol != AUTO_PROTOCOL or iblm or base not in HEAD_METHODS:
         return "gaussian"
-    return "heteroscedastic" if auto_protocol(train_rows) == "wide" else "gaussian"
+    return "heteroscedastic" if _from_threshold(train_rows, "auto_likelihood") else "gaussian"
 
 
 def check_likelihoods(

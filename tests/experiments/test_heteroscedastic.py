@@ -186,6 +186,10 @@ def test_auto_gives_the_head_where_auto_picks_wide_and_the_papers_likelihood_els
     assert [auto_likelihood("auto", n) for n in (few, wide_rows)] == ["gaussian", "heteroscedastic"]
     assert {auto_likelihood(name, wide_rows) for name in ("table3", "table6", "wide", "")} == {"gaussian"}
     assert auto_likelihood("auto", wide_rows, "whvi", iblm=True) == "gaussian"
+    # The head's threshold is the row count, the same for MC dropout, which auto_protocol keeps at table3.
+    assert auto_likelihood("auto", wide_rows, "mcd") == "heteroscedastic"
+    with pytest.raises(ValueError, match="auto_likelihood: a positive number of training rows expected, got 0"):
+        auto_likelihood("auto", 0)
     # The head where it was measured to work (WHVI, NF-WHVI, MC dropout at table3; an ensemble has it anyway), not
     # where it broke (MFG at wide) nor where it was not measured.
     heads = {base: auto_likelihood("auto", wide_rows, base) for base in (*BASE_METHODS, ENSEMBLE)}

@@ -396,9 +396,9 @@ def test_auto_protocol_picks_table3_or_wide_by_the_training_rows(tmp_path, monke
     with pytest.raises(ValueError, match="give it alone"):
         UCIConfig.from_protocol(("auto", "wide"), "kin8nm", train_rows=10)
     table3 = dict(default.method_protocols)["mcd"]
-    with pytest.raises(ValueError, match=r"method_protocols names 'vsd': a method in \('mcd', 'whvi'\)"):
+    with pytest.raises(ValueError, match=r"method_protocols names 'vsd', which is not in methods \('mcd', 'whvi'\)"):
         UCIConfig(methods=("mcd", "whvi"), method_protocols=(("vsd", table3),))
-    with pytest.raises(ValueError, match="without protocols"):
+    with pytest.raises(ValueError, match="cannot be combined with protocols"):
         UCIConfig(methods=("mcd",), method_protocols=(("mcd", table3),), protocols=({**table3, "name": "a"},))
     with pytest.raises(ValueError, match="each protocol needs exactly the keys"):
         UCIConfig(methods=("mcd",), method_protocols=(("mcd", {"hidden": 3}),))
