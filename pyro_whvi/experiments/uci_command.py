@@ -72,8 +72,9 @@ def add_uci_command(commands) -> None:
             + " (deep ensembles: 5 networks with mean-variance heads, each trained on its own under the same schedule, "
             "predicting as their mixture; Lakshminarayanan et al. 2017). The schedule is the WHVI paper's (App. D.1: "
             "50,500 steps, batch 64, Adam decayed, noise fixed for 500 steps); the network by default (--protocol "
-            f"auto) its Table 3's 2x128 ReLU at lr 1e-3 below {AUTO_WIDE_FROM_ROWS:,} training rows, 2x1024 at lr "
-            "3e-3 with a mean-variance head (--likelihood auto) from them."
+            f"auto) its Table 3's 2x128 ReLU at lr 1e-3 below {AUTO_WIDE_FROM_ROWS:,} training rows, for whvi 3x1024 "
+            "at lr 3e-3 cooled down over the last 20% of the steps with a mean-variance head (--likelihood auto) "
+            "from them."
         ),
     )
     source = uci.add_mutually_exclusive_group()
@@ -99,22 +100,21 @@ def add_uci_command(commands) -> None:
     uci.add_argument(
         "--cooldown",
         type=float,
-        default=schedule.cooldown,
         help="last fraction of the steps over which the learning rate is also scaled linearly down towards 0, "
-        "e.g. 0.2 (default 0: none, the paper's schedule)",
+        "e.g. 0.2 (default: the protocol's, 0.2 for deep, else 0: none, the paper's schedule)",
     )
     protocol = uci.add_mutually_exclusive_group()
     protocol.add_argument(
         "--protocol",
         type=_protocols,
         metavar="{" + ",".join((AUTO_PROTOCOL, *UCI_PROTOCOLS)) + "}[,...]",
-        help=f"{AUTO_PROTOCOL} (the default): table3 below {AUTO_WIDE_FROM_ROWS:,} training rows, wide from it for "
-        "whvi, nf-whvi and whvi-lowrank (table3 for the others, chosen per method); "
+        help=f"{AUTO_PROTOCOL} (the default): table3 below {AUTO_WIDE_FROM_ROWS:,} training rows, from it deep for "
+        "whvi, wide for nf-whvi and whvi-lowrank (table3 for the others, chosen per method); "
         "table3: the WHVI paper's Table 3, 2x128, lr 1e-3, 50,500 steps; table6: its Table 6 / "
-        "App. D.2, 1x50 (1x100 for protein), the same schedule; wide: 2x1024, lr 3e-3, 50,500 steps. --hidden, "
-        "--layers, --steps and --lr override the protocol. Several, e.g. table3,wide: each split chooses one on a "
-        "--val-fraction of its training rows (every candidate trained there, with every --kl-weight), then trains "
-        "with it; the table names the choices",
+        "App. D.2, 1x50 (1x100 for protein), the same schedule; wide: 2x1024, lr 3e-3, 50,500 steps; deep: 3x1024, "
+        "lr 3e-3, 50,500 steps, --cooldown 0.2. --hidden, --layers, --steps, --lr and --cooldown override the "
+        "protocol. Several, e.g. table3,wide: each split chooses one on a --val-fraction of its training rows "
+        "(every candidate trained there, with every --kl-weight), then trains with it; the table names the choices",
     )
     # The name of earlier releases, kept for one release: the same choices, with a notice on stderr.
     protocol.add_argument("--preset", choices=tuple(UCI_PROTOCOLS), dest="preset", help=argparse.SUPPRESS)
@@ -260,7 +260,7 @@ def run_uci_command(args: argparse.Namespace) -> int:
             raise ValueError(f"--device {args.device} trains in one process: drop --nproc {args.nproc} (or use cpu)")
         if args.threads and args.threads > (os.cpu_count() or 1):
             raise ValueError(f"--threads: at most {os.cpu_count()} (the cores here) expected, got {args.threads}")
-        if not 0 <= args.cooldown < 1:
+        if args.cooldown is not None and not 0 <= args.cooldown < 1:
             raise ValueError(f"--cooldown: a fraction of the steps in [0, 1) expected (0: none), got {args.cooldown}")
         if args.dropout >= 1:
             raise ValueError(f"--dropout must be below 1, got {args.dropout}")

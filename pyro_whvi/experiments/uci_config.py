@@ -16,7 +16,6 @@ from .uci_protocols import (
     AUTO_WIDE_FROM_ROWS,
     REGRESSION_LIKELIHOODS,
     UCI_PROTOCOLS,
-    auto_label,
     auto_likelihood,
     auto_protocol,
     check_likelihoods,
@@ -25,7 +24,7 @@ from .uci_protocols import (
     exceptions_note,
     head_refused,
     protocol_settings,
-    wide_refused,
+    resolve_auto,
 )
 
 __all__ = [
@@ -96,8 +95,8 @@ class UCIConfig:
     learning rate are then the candidates', the rest of the schedule is shared. Empty (the default): this
     config's own network and schedule.
 
-    ``protocol``: the name of the network and schedule, shown in the table's header (``"table3"``, ``"auto: wide
-    (8,611 training rows, wide from 3,000)"``); not fingerprinted (``hidden``, ``layers`` and the schedule are).
+    ``protocol``: the name of the network and schedule, shown in the table's header (``"table3"``, ``"auto: deep
+    (8,611 training rows, deep from 3,000)"``); not fingerprinted (``hidden``, ``layers`` and the schedule are).
 
     ``device``: where the model, the data and the training go (``"cpu"``, the default, or ``"cuda"``, in one
     process); predictions and metrics come back to the CPU. Fingerprinted when not ``"cpu"`` (CUDA draws other
@@ -159,8 +158,11 @@ class UCIConfig:
             raise ValueError(f"UCIConfig: kl_weight > 0 expected (1 is the ELBO), got {self.kl_weight!r}.")
         weights = tuple(dict.fromkeys(float(weight) for weight in weights))
         object.__setattr__(self, "kl_weight", weights if len(weights) > 1 else weights[0])  # one: a number, as stored
-        object.__setattr__(self, "protocols", tuple(dict(protocol) for protocol in self.protocols))
-        object.__setattr__(self, "method_protocols", tuple((str(m), dict(p)) for m, p in self.method_protocols))
+        # A protocol without a cooldown (as before protocols had one) has none.
+        object.__setattr__(self, "protocols", tuple({"cooldown": 0.0, **protocol} for protocol in self.protocols))
+        object.__setattr__(
+            self, "method_protocols", tuple((str(m), {"cooldown": 0.0, **p}) for m, p in self.method_protocols)
+        )
         check_method_protocols(self.method_protocols, self.methods, self.protocols)
         for protocol in self.protocols:
             check_protocol(protocol)
@@ -217,7 +219,7 @@ class UCIConfig:
         """The fields that give these settings ``protocol``'s network and schedule (none for ``None``)."""
         if protocol is None:
             return {}
-        schedule = replace(self.schedule, steps=protocol["steps"], lr=protocol["lr"])
+        schedule = replace(self.schedule, steps=protocol["steps"], lr=protocol["lr"], cooldown=protocol["cooldown"])
         return {"hidden": protocol["hidden"], "layers": protocol["layers"], "schedule": schedule}
 
     @property
@@ -251,7 +253,7 @@ class UCIConfig:
         lr: float | None = None,
         fixed_noise_steps: int = Schedule.fixed_noise_steps,
         batch_size: int | None = Schedule.batch_size,
-        cooldown: float = Schedule.cooldown,
+        cooldown: float | None = None,
         train_rows: int | None = None,
         **fields,
     ) -> UCIConfig:
@@ -264,21 +266,17 @@ class UCIConfig:
         names = (name,) if isinstance(name, str) else tuple(dict.fromkeys(name))
         label = shown = names[0] if len(names) == 1 else ""
         specs = [parse_method(method) for method in fields.get("methods", cls.methods)]
-        overrides = {"layers": layers, "hidden": hidden, "steps": steps, "lr": lr}
+        overrides = {"layers": layers, "hidden": hidden, "steps": steps, "lr": lr, "cooldown": cooldown}
         if AUTO_PROTOCOL in names:
             if len(names) > 1:
                 raise ValueError(f"--protocol: {AUTO_PROTOCOL} picks one protocol by the rows; give it alone")
             if train_rows is None:
                 raise TypeError(f"UCIConfig.from_protocol: {AUTO_PROTOCOL!r} needs train_rows")
-            own = {spec.name: auto_protocol(train_rows, spec.base) for spec in specs}
-            names = ("wide",) if "wide" in own.values() else ("table3",)  # the run's: its WHVI's, where it has one
-            shown = auto_label(train_rows, names[0])
+            run, own, shown = resolve_auto(train_rows, {spec.name: spec.base for spec in specs})
+            names = (run,)
             fields["method_protocols"] = tuple(
-                (m, {"name": p, **protocol_settings(p, dataset, **overrides)}) for m, p in own.items() if p != names[0]
+                (m, {"name": p, **protocol_settings(p, dataset, **overrides)}) for m, p in own.items() if p != run
             )
-            refused = auto_protocol(train_rows) == "wide"  # WHVI would train wide: say why these do not
-            narrow = {spec.name: wide_refused(spec.base) for spec in specs if refused and own[spec.name] != "wide"}
-            shown += exceptions_note("table3", "wide", narrow)
         if fields.get("likelihood") == AUTO_LIKELIHOOD:
             if train_rows is None:
                 raise TypeError(f"UCIConfig.from_protocol: likelihood {AUTO_LIKELIHOOD!r} needs train_rows")
@@ -293,7 +291,7 @@ class UCIConfig:
         if len(candidates) > 1:
             fields["protocols"] = tuple(candidates)
         protocol = candidates[0]
-        steps, lr = protocol["steps"], protocol["lr"]
+        steps, lr, cooldown = protocol["steps"], protocol["lr"], protocol["cooldown"]
         schedule = Schedule(steps, fixed_noise_steps, batch_size, lr=lr, cooldown=cooldown)
         return cls(schedule=schedule, hidden=protocol["hidden"], layers=protocol["layers"], **fields)
 
@@ -304,6 +302,8 @@ class UCIConfig:
         if not self.choosing:  # read only when choosing among several candidates
             del settings["val_fraction"]
         settings = {k: v for k, v in settings.items() if k not in _NOT_FINGERPRINTED}
+        # Candidates without a cool-down are fingerprinted as before protocols had one.
+        settings["protocols"] = tuple(_without_later_defaults(p, _LATER_SCHEDULE_SETTINGS) for p in self.protocols)
         settings = _without_later_defaults(settings, _LATER_SETTINGS)
         settings["schedule"] = _without_later_defaults(settings["schedule"], _LATER_SCHEDULE_SETTINGS)
         version = {"version": _VERSIONS.get(method, 1), "engine": ENGINE_VERSION}

@@ -5,6 +5,7 @@ what they resolve to."""
 from __future__ import annotations
 
 __all__ = [
+    "AUTO_LARGE_PROTOCOLS",
     "AUTO_LIKELIHOOD",
     "AUTO_PROTOCOL",
     "AUTO_WIDE_FROM_ROWS",
@@ -13,7 +14,6 @@ __all__ = [
     "REGRESSION_LIKELIHOODS",
     "UCI_PROTOCOLS",
     "WIDE_METHODS",
-    "auto_label",
     "auto_likelihood",
     "auto_protocol",
     "check_likelihoods",
@@ -22,6 +22,7 @@ __all__ = [
     "exceptions_note",
     "head_refused",
     "protocol_settings",
+    "resolve_auto",
     "wide_refused",
 ]
 
@@ -35,36 +36,67 @@ __all__ = [
 #: * ``wide``: 2 hidden layers of 1024, Adam 3e-3, 50,500 steps. A WHVI layer of width D has 3D variational
 #:   parameters where a dense layer has D^2 (on 6 inputs 10,498 against the 128-unit one's 1,410), and a step costs
 #:   1.2x the 128-unit one (O(D log D)). For larger data sets (``docs/results/larger-data.md``).
+#: * ``deep``: 3 hidden layers of 1024, Adam 3e-3, 50,500 steps, the learning rate also scaled linearly down to 0
+#:   over the last 20% of them (``--cooldown 0.2``). The third layer adds about 3D variational parameters and a
+#:   step costs about 1.3x ``wide``'s (``benchmarks/results/heteroscedastic/README.md``, "WHVI ``deep``").
+#:
+#: ``cooldown`` is the last fraction of the steps over which the learning rate goes down to 0 (0: none).
 UCI_PROTOCOLS: dict[str, dict] = {
-    "table3": {"layers": 2, "hidden": 128, "steps": 50_500, "lr": 1e-3},
-    "table6": {"layers": 1, "hidden": 50, "steps": 50_500, "lr": 1e-3},
-    "wide": {"layers": 2, "hidden": 1024, "steps": 50_500, "lr": 3e-3},
+    "table3": {"layers": 2, "hidden": 128, "steps": 50_500, "lr": 1e-3, "cooldown": 0.0},
+    "table6": {"layers": 1, "hidden": 50, "steps": 50_500, "lr": 1e-3, "cooldown": 0.0},
+    "wide": {"layers": 2, "hidden": 1024, "steps": 50_500, "lr": 3e-3, "cooldown": 0.0},
+    "deep": {"layers": 3, "hidden": 1024, "steps": 50_500, "lr": 3e-3, "cooldown": 0.2},
 }
 TABLE6_LARGE = {"protein": 100}  # dataset folder names (lower case, prefix) that get more units under table6
 
-#: ``whvi uci``'s default protocol: :func:`auto_protocol` picks ``table3`` or ``wide`` by the training rows.
+#: ``whvi uci``'s default protocol: :func:`auto_protocol` picks ``table3`` or a larger one by the training rows.
 AUTO_PROTOCOL = "auto"
-#: The training rows from which :func:`auto_protocol` picks ``wide``, measured per split on the synthetic bench at
-#: 450-45,000 rows and on issue 49's 7k-41k-row UCI sets: right on 9 of 14 splits measured with both protocols, a tie
-#: on 1; choosing on held-out rows was right on no more, at 3.3-4.7x the cost (``benchmarks/results/protocol_choice/``).
+#: The training rows from which :func:`auto_protocol` picks a larger network than ``table3``, measured per split
+#: (``wide`` against ``table3``) on the synthetic bench at 450-45,000 rows and on issue 49's 7k-41k-row UCI sets:
+#: right on 9 of 14 splits measured with both protocols, a tie on 1; choosing on held-out rows was right on no
+#: more, at 3.3-4.7x the cost (``benchmarks/results/protocol_choice/``).
 AUTO_WIDE_FROM_ROWS = 3_000
 
 
-#: The methods :func:`auto_protocol` trains ``wide``: the guides whose variational parameters grow linearly with the
-#: width (WHVI's ``q(g)``: 3D a layer, a low-rank ``q(g)`` O(rD)), so that the width costs them little KL and time.
-#: The dense ones keep ``table3`` at any size: at ``wide`` (2.1 million mean-field parameters, 1 million dropout
-#: weights) MFG and MC dropout were worse than at ``table3`` on the synthetic bench at 18,000 training rows and on
-#: the power-like analogue, and tied on the protein-like one (``benchmarks/results/heteroscedastic/README.md``,
-#: "The protocol per method"); VSD, the full-covariance ``q(g)`` and the ensemble were not measured at ``wide``.
-WIDE_METHODS = ("whvi", "nf-whvi", "whvi-lowrank")
+#: The protocol :func:`auto_protocol` trains each of the guides whose variational parameters grow linearly with the
+#: width (WHVI's ``q(g)``: 3D a layer, a low-rank ``q(g)`` O(rD)) with from :data:`AUTO_WIDE_FROM_ROWS` training
+#: rows: the width costs them little KL and time. WHVI trains ``deep`` (lower than ``wide`` on the synthetic bench
+#: at 18,000 training rows, ``benchmarks/results/heteroscedastic/deep_probe/``); NF-WHVI and the low-rank ``q(g)``,
+#: not measured with it, ``wide``. The dense ones keep ``table3`` at any size: at ``wide`` (2.1 million mean-field
+#: parameters, 1 million dropout weights) MFG and MC dropout were worse than at ``table3`` on the bench and on the
+#: power-like analogue, and tied on the protein-like one (``benchmarks/results/heteroscedastic/README.md``, "The
+#: protocol per method"); VSD, the full-covariance ``q(g)`` and the ensemble were not measured at ``wide``.
+AUTO_LARGE_PROTOCOLS = {"whvi": "deep", "nf-whvi": "wide", "whvi-lowrank": "wide"}
+#: The methods :func:`auto_protocol` trains on a larger network than ``table3`` from :data:`AUTO_WIDE_FROM_ROWS`.
+WIDE_METHODS = tuple(AUTO_LARGE_PROTOCOLS)
+_BY_SIZE = ("table3", "wide", "deep")  # which of the run's protocols names it (--protocol auto): the largest
 
 
 def auto_protocol(train_rows: int, base: str = "whvi") -> str:
     """The protocol ``--protocol auto`` trains the method ``base`` with on ``train_rows`` training rows: ``table3``
-    below :data:`AUTO_WIDE_FROM_ROWS`, ``wide`` from it for the methods of :data:`WIDE_METHODS` (``table3`` for the
-    others). It costs one run, where choosing on held-out rows (``--protocol table3,wide``) costs about three and
+    below :data:`AUTO_WIDE_FROM_ROWS`, from it its entry of :data:`AUTO_LARGE_PROTOCOLS` (``table3`` for the other
+    methods). It costs one run, where choosing on held-out rows (``--protocol table3,wide``) costs about three and
     chose no better on the splits measured."""
-    return "wide" if _from_threshold(train_rows, "auto_protocol") and base in WIDE_METHODS else "table3"
+    large = _from_threshold(train_rows, "auto_protocol")
+    return AUTO_LARGE_PROTOCOLS.get(base, "table3") if large else "table3"
+
+
+def resolve_auto(train_rows: int, bases: dict[str, str]) -> tuple[str, dict[str, str], str]:
+    """``--protocol auto`` for a run of the methods ``bases`` (``{method: base}``) on ``train_rows`` training rows:
+    the run's protocol (the largest of its methods', so its WHVI's where it has one), each method's
+    (:func:`auto_protocol`), and the header's label, which names the methods that train another and why."""
+    own = {method: auto_protocol(train_rows, base) for method, base in bases.items()}
+    run = max(own.values(), key=_BY_SIZE.index)
+    whvi = auto_protocol(train_rows)  # where WHVI would train larger than table3, say why these do not
+    label = f"{AUTO_PROTOCOL}: {run} ({train_rows:,} training rows, {auto_protocol(AUTO_WIDE_FROM_ROWS)} from "
+    label += f"{AUTO_WIDE_FROM_ROWS:,})"
+    narrow = {method: wide_refused(bases[method]) for method, each in own.items() if each == "table3" != whvi}
+    label += exceptions_note("table3", "wide", narrow)
+    for other in sorted(set(own.values()) - {"table3", run}, key=_BY_SIZE.index):
+        label += exceptions_note(
+            other, run, {method: "is not measured with {}" for method in own if own[method] == other}
+        )
+    return run, own, label
 
 
 def _from_threshold(train_rows: int, caller: str) -> bool:
@@ -76,7 +108,7 @@ def _from_threshold(train_rows: int, caller: str) -> bool:
 
 
 def wide_refused(base: str) -> str:
-    """Why :func:`auto_protocol` keeps the method ``base`` at ``table3`` where WHVI trains ``wide``: what follows
+    """Why :func:`auto_protocol` keeps the method ``base`` at ``table3`` where WHVI trains larger: what follows
     "as wide" in the table's header (``{}`` for the names of the methods that share the reason,
     :func:`exceptions_note`)."""
     if base in ("mcd", "mfg"):
@@ -84,24 +116,20 @@ def wide_refused(base: str) -> str:
     return "is not measured with {}"
 
 
-def auto_label(train_rows: int, protocol: str | None = None) -> str:
-    """How a run of ``--protocol auto`` on ``train_rows`` training rows is named in its table's header: with the
-    run's ``protocol`` (default: WHVI's, :func:`auto_protocol`)."""
-    rows = f"{train_rows:,} training rows, wide from {AUTO_WIDE_FROM_ROWS:,}"
-    return f"{AUTO_PROTOCOL}: {protocol or auto_protocol(train_rows)} ({rows})"
-
-
-#: The keys of a protocol as :class:`~.uci_config.UCIConfig` holds one (its ``protocols``, ``method_protocols``).
-PROTOCOL_KEYS = ("name", "layers", "hidden", "steps", "lr")
+#: The keys of a protocol as :class:`~.uci_config.UCIConfig` holds one (its ``protocols``, ``method_protocols``;
+#: given without ``cooldown``, it has none).
+PROTOCOL_KEYS = ("name", "layers", "hidden", "steps", "lr", "cooldown")
 
 
 def check_protocol(protocol: dict) -> None:
     """Raise a :class:`ValueError` naming what is wrong unless ``protocol`` has exactly :data:`PROTOCOL_KEYS` with
-    hidden, steps >= 1, layers >= 0 and lr > 0."""
+    hidden, steps >= 1, layers >= 0, lr > 0 and cooldown in [0, 1)."""
     if tuple(sorted(protocol)) != tuple(sorted(PROTOCOL_KEYS)):
         raise ValueError(f"UCIConfig: each protocol needs exactly the keys {PROTOCOL_KEYS}, got {protocol}.")
     if protocol["hidden"] < 1 or protocol["layers"] < 0 or protocol["steps"] < 1 or protocol["lr"] <= 0:
         raise ValueError(f"UCIConfig: protocol {protocol['name']!r} needs hidden, steps >= 1, layers >= 0 and lr > 0.")
+    if not 0 <= protocol["cooldown"] < 1:
+        raise ValueError(f"UCIConfig: protocol {protocol['name']!r} needs a cooldown in [0, 1) (0: none).")
 
 
 def check_method_protocols(
@@ -122,8 +150,8 @@ def check_method_protocols(
 
 
 def protocol_settings(name: str, dataset: str, **overrides: int | float | None) -> dict:
-    """``{"layers", "hidden", "steps", "lr"}`` of the protocol ``name`` for ``dataset`` (a folder or bundled set's
-    name), each overridden by the keyword of the same name when it is not ``None``."""
+    """``{"layers", "hidden", "steps", "lr", "cooldown"}`` of the protocol ``name`` for ``dataset`` (a folder or
+    bundled set's name), each overridden by the keyword of the same name when it is not ``None``."""
     if name not in UCI_PROTOCOLS:
         raise ValueError(f"--protocol: choose from {', '.join(UCI_PROTOCOLS)}, got {name!r}")
     unknown = set(overrides) - set(UCI_PROTOCOLS[name])
@@ -145,15 +173,15 @@ REGRESSION_LIKELIHOODS = ("gaussian", "heteroscedastic")
 #: ``whvi uci``'s default likelihood: :func:`auto_likelihood` picks one of :data:`REGRESSION_LIKELIHOODS`.
 AUTO_LIKELIHOOD = "auto"
 #: The methods ``--likelihood auto`` gives the mean-variance head (from :data:`AUTO_WIDE_FROM_ROWS` training rows):
-#: WHVI and NF-WHVI (at ``wide``) and MC dropout (at ``table3``), measured with it; ``ensemble`` has it whatever the
-#: likelihood.
+#: WHVI (at ``deep``), NF-WHVI (at ``wide``) and MC dropout (at ``table3``), measured with it; ``ensemble`` has it
+#: whatever the likelihood.
 HEAD_METHODS = ("whvi", "nf-whvi", "mcd", "ensemble")
 
 
 def auto_likelihood(protocol: str, train_rows: int, base: str = "whvi", iblm: bool = False) -> str:
     """The likelihood ``--likelihood auto`` trains the method ``base`` (``+iblm`` when ``iblm``) with: the
     mean-variance head (``"heteroscedastic"``) under ``--protocol auto`` from :data:`AUTO_WIDE_FROM_ROWS` training
-    rows (where it picks ``wide`` for WHVI) for the methods of :data:`HEAD_METHODS`, else the papers' one
+    rows (where it picks ``deep`` for WHVI) for the methods of :data:`HEAD_METHODS`, else the papers' one
     noise scale (``"gaussian"``): under a fixed ``protocol``, below the threshold, with ``iblm`` (I-BLM has no fit
     for the head), and for the other methods. The head broke MC dropout and MFG at ``wide`` (robot arm, 18,000
     training rows: test RMSE 43-48 σ for MC dropout on both splits run and 8.7 σ for MFG on split 0, against

@@ -315,10 +315,8 @@ def test_several_protocols_are_chosen_per_split_on_validation_rows(tmp_path, mon
     run_uci("diabetes", config, tmp_path / "run")
     saved = json.loads((tmp_path / "run" / "runs" / "diabetes" / "mfg" / "split0.json").read_text())["row"]
     assert saved["protocol"] == label and saved["validation_scores"] == pytest.approx(scores, rel=1e-6)
-    assert {k: saved[k] for k in ("layers", "hidden", "steps", "lr")} == {
-        **protocol_settings(label, "diabetes"),
-        "steps": 20,
-    }
+    network = protocol_settings(label, "diabetes", steps=20)
+    assert {k: saved[k] for k in ("layers", "hidden", "steps", "lr")} == {k: network[k] for k in saved if k in network}
     text = (tmp_path / "run" / "uci_diabetes.md").read_text()
     assert (
         "protocol chosen per split from table6 (1x50, 20 steps, lr 0.001), table3 (2x128, 20 steps, lr 0.001) on "
@@ -340,7 +338,7 @@ def test_several_protocols_are_chosen_per_split_on_validation_rows(tmp_path, mon
     assert "protocol chosen per split from table6" in (tmp_path / "cli" / "uci_diabetes.md").read_text()
     capsys.readouterr()
     for bad, message in (
-        ("table3,table9", "auto alone, or one of table3, table6, wide, or several of them separated by commas"),
+        ("table3,table9", "auto alone, or one of table3, table6, wide, deep, or several of them separated by commas"),
         ("", "auto alone, or one of table3, table6, wide"),
         ("auto,wide", "auto alone"),
     ):
@@ -349,9 +347,10 @@ def test_several_protocols_are_chosen_per_split_on_validation_rows(tmp_path, mon
         assert exit_code.value.code == 2 and message in capsys.readouterr().err
 
 
-def test_auto_protocol_picks_table3_or_wide_by_the_training_rows(tmp_path, monkeypatch):
-    """``--protocol auto``, the default: ``table3`` below AUTO_WIDE_FROM_ROWS training rows; from it ``wide`` for the
-    WHVI family (WIDE_METHODS, O(D) variational parameters a layer) and ``table3`` still for the dense-weight methods.
+def test_auto_protocol_picks_table3_or_a_larger_network_by_the_training_rows(tmp_path, monkeypatch):
+    """``--protocol auto``, the default: ``table3`` below AUTO_WIDE_FROM_ROWS training rows; from it ``deep`` for
+    WHVI, ``wide`` for NF-WHVI and the low-rank ``q(g)`` (WIDE_METHODS, O(D) variational parameters a layer) and
+    ``table3`` still for the dense-weight methods.
     Each method's choice is its fixed protocol's run (same settings and fingerprint, so stored results stay valid),
     also in a run that mixes them, and the table says which protocol the rows gave and which methods kept table3."""
     from pyro_whvi.experiments import uci_protocols
@@ -360,35 +359,45 @@ def test_auto_protocol_picks_table3_or_wide_by_the_training_rows(tmp_path, monke
     from pyro_whvi.experiments.uci_config import AUTO_WIDE_FROM_ROWS, auto_protocol
 
     assert AUTO_WIDE_FROM_ROWS == 3_000
-    assert [auto_protocol(n) for n in (1, 2_999, 3_000, 45_000)] == ["table3", "table3", "wide", "wide"]
-    wide = {base for base in METHODS if auto_protocol(45_000, base) == "wide"}
-    assert wide == set(uci_protocols.WIDE_METHODS) == {"whvi", "nf-whvi", "whvi-lowrank"}
+    assert [auto_protocol(n) for n in (1, 2_999, 3_000, 45_000)] == ["table3", "table3", "deep", "deep"]
+    large = {base: auto_protocol(45_000, base) for base in METHODS if auto_protocol(45_000, base) != "table3"}
+    assert large == uci_protocols.AUTO_LARGE_PROTOCOLS == {"whvi": "deep", "nf-whvi": "wide", "whvi-lowrank": "wide"}
+    assert set(uci_protocols.WIDE_METHODS) == set(large)
     assert {auto_protocol(2_999, base) for base in METHODS} == {"table3"}
     for bad in (0, -5, 2.5, True):
         with pytest.raises(ValueError, match="positive number of training rows"):
             auto_protocol(bad)
-    for rows, name in ((2_999, "table3"), (3_000, "wide")):
+    for rows, name in ((2_999, "table3"), (3_000, "deep")):
         auto = UCIConfig.from_protocol("auto", "kin8nm", train_rows=rows, steps=7, methods=("whvi",))
         fixed = UCIConfig.from_protocol(name, "kin8nm", steps=7, methods=("whvi",))
         assert replace(auto, protocol="") == replace(fixed, protocol="")
         assert auto.fingerprint("whvi", "k") == fixed.fingerprint("whvi", "k")
-        assert auto.protocol == f"auto: {name} ({rows:,} training rows, wide from 3,000)" and fixed.protocol == name
+        assert auto.protocol == f"auto: {name} ({rows:,} training rows, deep from 3,000)" and fixed.protocol == name
     default = UCIConfig.from_protocol("auto", "kin8nm", train_rows=7_373)  # mfg, mcd, whvi
-    assert (default.layers, default.hidden, default.schedule.steps, default.schedule.lr) == (2, 1024, 50_500, 3e-3)
+    assert (default.layers, default.hidden, default.schedule.steps, default.schedule.lr) == (3, 1024, 50_500, 3e-3)
+    assert default.schedule.cooldown == 0.2
     assert [method for method, _ in default.method_protocols] == ["mfg", "mcd"]
-    for method, name in (("mfg", "table3"), ("mcd", "table3"), ("whvi", "wide")):
+    for method, name in (("mfg", "table3"), ("mcd", "table3"), ("whvi", "deep")):
         fixed = UCIConfig.from_protocol(name, "kin8nm", methods=(method,))
         own = default.for_method(method)
         assert (own.layers, own.hidden, own.schedule) == (fixed.layers, fixed.hidden, fixed.schedule), method
         assert default.fingerprint(method, "k") == fixed.fingerprint(method, "k"), method
     assert default.protocol == (
-        "auto: wide (7,373 training rows, wide from 3,000); table3 for mfg, mcd, as wide was worse than table3 for MC "
+        "auto: deep (7,373 training rows, deep from 3,000); table3 for mfg, mcd, as wide was worse than table3 for MC "
         "dropout and MFG"
+    )
+    # NF-WHVI keeps wide beside WHVI's deep, with its own schedule (no cool-down); the header says why.
+    flows = UCIConfig.from_protocol("auto", "kin8nm", train_rows=7_373, methods=("whvi", "nf-whvi"))
+    fixed = UCIConfig.from_protocol("wide", "kin8nm", methods=("nf-whvi",))
+    assert flows.fingerprint("nf-whvi", "k") == fixed.fingerprint("nf-whvi", "k")
+    assert flows.for_method("nf-whvi").schedule.cooldown == 0.0 and flows.for_method("whvi").layers == 3
+    assert flows.protocol == (
+        "auto: deep (7,373 training rows, deep from 3,000); wide for nf-whvi, as deep is not measured with nf-whvi"
     )
     alone = UCIConfig.from_protocol("auto", "kin8nm", train_rows=7_373, methods=("mcd", "vsd"))
     assert (alone.hidden, alone.method_protocols) == (128, ())  # no WHVI in the run: table3 is the run's
     assert alone.protocol == (
-        "auto: table3 (7,373 training rows, wide from 3,000); table3 for mcd, vsd, as wide was worse than table3 for "
+        "auto: table3 (7,373 training rows, deep from 3,000); table3 for mcd, vsd, as wide was worse than table3 for "
         "MC dropout and MFG and is not measured with vsd"
     )
     with pytest.raises(TypeError, match="needs train_rows"):
@@ -406,7 +415,7 @@ def test_auto_protocol_picks_table3_or_wide_by_the_training_rows(tmp_path, monke
     args = ["uci", "--dataset", "diabetes", "--methods", "mfg", "--splits", "0", "--samples", "4", "--steps", "3"]
     assert main([*args, "--out", str(tmp_path / "small")]) == 0
     header = (tmp_path / "small" / "uci_diabetes.md").read_text()
-    assert "protocol auto: table3 (398 training rows, wide from 3,000), 2x128 ReLU" in header
+    assert "protocol auto: table3 (398 training rows, deep from 3,000), 2x128 ReLU" in header
     stored = tmp_path / "small" / "runs" / "diabetes" / "mfg" / "split0.json"
     first = json.loads(stored.read_text())
     assert main([*args, "--protocol", "table3", "--out", str(tmp_path / "small")]) == 0  # read back, not retrained
@@ -415,14 +424,14 @@ def test_auto_protocol_picks_table3_or_wide_by_the_training_rows(tmp_path, monke
     monkeypatch.setattr(uci_protocols, "AUTO_WIDE_FROM_ROWS", 300)
     args[4] = "mfg,whvi"
     assert main([*args, "--out", str(tmp_path / "small")]) == 0
-    assert json.loads(stored.read_text()) == first  # MFG keeps table3 beside a wide WHVI: read back again
+    assert json.loads(stored.read_text()) == first  # MFG keeps table3 beside a deep WHVI: read back again
     header = (tmp_path / "small" / "uci_diabetes.md").read_text()
-    # --likelihood auto gives WHVI the head with wide, but not MFG, and the header says why
+    # --likelihood auto gives WHVI the head with deep, but not MFG, and the header says why
     notes = (
         "table3 for mfg, as wide was worse than table3 for MC dropout and MFG; one noise scale for mfg, as a "
         "mean-variance head broke MFG at wide and is not measured with it at table3"
     )
-    assert f"protocol auto: wide (398 training rows, wide from 300); {notes}, 2x1024 ReLU" in header
+    assert f"protocol auto: deep (398 training rows, deep from 300); {notes}, 3x1024 ReLU" in header
     saved = json.loads((tmp_path / "small" / "uci_diabetes.json").read_text())
     parameters = {row["method"]: row["variational_parameters"] for row in saved["meta"]["splits"]}
     assert parameters["mfg"] == first["row"]["variational_parameters"] < 1024**2  # 2 x 128 (2 x 1024: over 1M)
@@ -650,8 +659,8 @@ def test_whvi_method_is_the_papers_set_up():
 
 def test_protocols_and_the_deprecated_preset_flag(tmp_path, capsys):
     """Table 3 (2x128, lr 1e-3, 50,500 steps) is the harness's default; Table 6 (App. D.2) is 1x50, 1x100 for
-    protein; ``wide`` is 2x1024 at lr 3e-3; explicit --hidden/--layers/--steps/--lr win over the preset; the run's
-    table names the network and schedule it trained."""
+    protein; ``wide`` is 2x1024 at lr 3e-3, ``deep`` 3x1024 with a cool-down; explicit --hidden/--layers/--steps/--lr
+    win over the preset; the run's table names the network and schedule it trained."""
     from pyro_whvi.experiments.cli import main
     from pyro_whvi.experiments.uci_config import UCI_PROTOCOLS, UCIConfig, protocol_settings
 
@@ -659,7 +668,8 @@ def test_protocols_and_the_deprecated_preset_flag(tmp_path, capsys):
     table3 = UCI_PROTOCOLS["table3"]
     assert {k: table3[k] for k in ("layers", "hidden")} == {"layers": defaults.layers, "hidden": 128}
     assert table3["steps"] == 50_500 and table3["lr"] == defaults.schedule.lr
-    assert protocol_settings("table6", "concrete") == {"layers": 1, "hidden": 50, "steps": 50_500, "lr": 1e-3}
+    none = {"cooldown": 0.0}
+    assert protocol_settings("table6", "concrete") == {"layers": 1, "hidden": 50, "steps": 50_500, "lr": 1e-3, **none}
     assert protocol_settings("table6", "protein-tertiary-structure")["hidden"] == 100
     assert protocol_settings("table6", "yacht", hidden=20)["hidden"] == 20
     assert protocol_settings("table3", "protein", layers=3, steps=10) == {
@@ -667,9 +677,14 @@ def test_protocols_and_the_deprecated_preset_flag(tmp_path, capsys):
         "hidden": 128,
         "steps": 10,
         "lr": 1e-3,
+        **none,
     }
-    assert protocol_settings("wide", "yacht", lr=None) == {"layers": 2, "hidden": 1024, "steps": 50_500, "lr": 3e-3}
-    with pytest.raises(ValueError, match="--protocol: choose from table3, table6, wide"):
+    wide = {"layers": 2, "hidden": 1024, "steps": 50_500, "lr": 3e-3, **none}
+    assert protocol_settings("wide", "yacht", lr=None) == wide
+    # deep: wide with a third layer and the learning rate cooled down over the last 20% of the steps.
+    assert protocol_settings("deep", "yacht") == {**wide, "layers": 3, "cooldown": 0.2}
+    assert protocol_settings("deep", "yacht", cooldown=0.0)["cooldown"] == 0.0
+    with pytest.raises(ValueError, match="--protocol: choose from table3, table6, wide, deep"):
         protocol_settings("table9", "yacht")
     with pytest.raises(TypeError, match="unknown settings"):
         protocol_settings("table3", "yacht", width=3)
@@ -677,6 +692,14 @@ def test_protocols_and_the_deprecated_preset_flag(tmp_path, capsys):
     config = UCIConfig.from_protocol("wide", "yacht", steps=7, batch_size=32, methods=("whvi",), seed=3)
     assert (config.hidden, config.layers, config.methods, config.seed) == (1024, 2, ("whvi",), 3)
     assert config.schedule == replace(defaults.schedule, steps=7, lr=3e-3, batch_size=32)
+    # deep trains, and is fingerprinted, as wide with --layers 3 --cooldown 0.2; its --cooldown can be overridden.
+    deep = UCIConfig.from_protocol("deep", "yacht", methods=("whvi",))
+    assert (deep.hidden, deep.layers, deep.schedule.cooldown) == (1024, 3, 0.2)
+    like = UCIConfig.from_protocol("wide", "yacht", layers=3, cooldown=0.2, methods=("whvi",), protocol="deep")
+    assert deep == like and deep.fingerprint("whvi", "k") == like.fingerprint("whvi", "k")
+    assert UCIConfig.from_protocol("deep", "yacht", cooldown=0.0).schedule.cooldown == 0.0
+    with pytest.raises(ValueError, match="needs a cooldown in"):
+        UCIConfig(protocols=({"name": "a", **wide, "cooldown": 1.0}, {"name": "b", **wide}))
     args = ["uci", "--dataset", "diabetes", "--protocol", "table6", "--methods", "mfg", "--splits", "0"]
     assert main([*args, "--steps", "3", "--samples", "4", "--out", str(tmp_path)]) == 0
     assert (tmp_path / "uci_diabetes.md").read_text().startswith("### diabetes: protocol table6, 1x50 ReLU, 3 steps")
