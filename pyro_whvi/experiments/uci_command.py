@@ -56,7 +56,7 @@ def _protocols(text: str) -> tuple[str, ...]:
 def add_uci_command(commands) -> None:
     from .methods import BASE_METHODS, ENSEMBLE, METHODS, Schedule
     from .uci import BUNDLED_DATASETS, UCIConfig
-    from .uci_config import AUTO_PROTOCOL, AUTO_WIDE_FROM_ROWS, DEVICES, UCI_PROTOCOLS
+    from .uci_config import AUTO_DEEP_FROM_ROWS, AUTO_PROTOCOL, AUTO_WIDE_FROM_ROWS, DEVICES, UCI_PROTOCOLS
     from .uci_protocols import AUTO_LIKELIHOOD, REGRESSION_LIKELIHOODS
 
     uci = commands.add_parser(
@@ -72,9 +72,9 @@ def add_uci_command(commands) -> None:
             + " (deep ensembles: 5 networks with mean-variance heads, each trained on its own under the same schedule, "
             "predicting as their mixture; Lakshminarayanan et al. 2017). The schedule is the WHVI paper's (App. D.1: "
             "50,500 steps, batch 64, Adam decayed, noise fixed for 500 steps); the network by default (--protocol "
-            f"auto) its Table 3's 2x128 ReLU at lr 1e-3 below {AUTO_WIDE_FROM_ROWS:,} training rows, for whvi 3x1024 "
-            "at lr 3e-3 cooled down over the last 20% of the steps with a mean-variance head (--likelihood auto) "
-            "from them."
+            f"auto) its Table 3's 2x128 ReLU at lr 1e-3 below {AUTO_WIDE_FROM_ROWS:,} training rows, for whvi 2x1024 "
+            f"at lr 3e-3 with a mean-variance head (--likelihood auto) from them, 3x1024 cooled down over the last "
+            f"20% of the steps from {AUTO_DEEP_FROM_ROWS:,}."
         ),
     )
     source = uci.add_mutually_exclusive_group()
@@ -108,8 +108,9 @@ def add_uci_command(commands) -> None:
         "--protocol",
         type=_protocols,
         metavar="{" + ",".join((AUTO_PROTOCOL, *UCI_PROTOCOLS)) + "}[,...]",
-        help=f"{AUTO_PROTOCOL} (the default): table3 below {AUTO_WIDE_FROM_ROWS:,} training rows, from it deep for "
-        "whvi, wide for nf-whvi and whvi-lowrank (table3 for the others, chosen per method); "
+        help=f"{AUTO_PROTOCOL} (the default): table3 below {AUTO_WIDE_FROM_ROWS:,} training rows, from it wide for "
+        f"whvi, nf-whvi and whvi-lowrank, deep for whvi from {AUTO_DEEP_FROM_ROWS:,} (table3 for the others, chosen "
+        "per method); "
         "table3: the WHVI paper's Table 3, 2x128, lr 1e-3, 50,500 steps; table6: its Table 6 / "
         "App. D.2, 1x50 (1x100 for protein), the same schedule; wide: 2x1024, lr 3e-3, 50,500 steps; deep: 3x1024, "
         "lr 3e-3, 50,500 steps, --cooldown 0.2. --hidden, --layers, --steps, --lr and --cooldown override the "

@@ -11,6 +11,7 @@ from typing import Any
 from ..train.schedule import shard_size
 from .methods import Schedule, parse_method
 from .uci_protocols import (
+    AUTO_DEEP_FROM_ROWS,
     AUTO_LIKELIHOOD,
     AUTO_PROTOCOL,
     AUTO_WIDE_FROM_ROWS,
@@ -28,6 +29,7 @@ from .uci_protocols import (
 )
 
 __all__ = [
+    "AUTO_DEEP_FROM_ROWS",
     "AUTO_LIKELIHOOD",
     "AUTO_PROTOCOL",
     "AUTO_WIDE_FROM_ROWS",
@@ -96,7 +98,8 @@ class UCIConfig:
     config's own network and schedule.
 
     ``protocol``: the name of the network and schedule, shown in the table's header (``"table3"``, ``"auto: deep
-    (8,611 training rows, deep from 3,000)"``); not fingerprinted (``hidden``, ``layers`` and the schedule are).
+    (8,611 training rows; wide from 3,000, deep from 6,000)"``); not fingerprinted (``hidden``, ``layers`` and the
+    schedule are).
 
     ``device``: where the model, the data and the training go (``"cpu"``, the default, or ``"cuda"``, in one
     process); predictions and metrics come back to the CPU. Fingerprinted when not ``"cpu"`` (CUDA draws other

@@ -5,10 +5,11 @@ what they resolve to."""
 from __future__ import annotations
 
 __all__ = [
-    "AUTO_LARGE_PROTOCOLS",
+    "AUTO_DEEP_FROM_ROWS",
     "AUTO_LIKELIHOOD",
     "AUTO_PROTOCOL",
     "AUTO_WIDE_FROM_ROWS",
+    "DEEP_METHODS",
     "HEAD_METHODS",
     "PROTOCOL_KEYS",
     "REGRESSION_LIKELIHOODS",
@@ -38,7 +39,7 @@ __all__ = [
 #:   1.2x the 128-unit one (O(D log D)). For larger data sets (``docs/results/larger-data.md``).
 #: * ``deep``: 3 hidden layers of 1024, Adam 3e-3, 50,500 steps, the learning rate also scaled linearly down to 0
 #:   over the last 20% of them (``--cooldown 0.2``). The third layer adds about 3D variational parameters and a
-#:   step costs about 1.3x ``wide``'s (``benchmarks/results/heteroscedastic/README.md``, "WHVI ``deep``").
+#:   split costs 1.1-1.7x ``wide``'s (``benchmarks/results/heteroscedastic/README.md``, "WHVI ``deep``").
 #:
 #: ``cooldown`` is the last fraction of the steps over which the learning rate goes down to 0 (0: none).
 UCI_PROTOCOLS: dict[str, dict] = {
@@ -58,27 +59,33 @@ AUTO_PROTOCOL = "auto"
 AUTO_WIDE_FROM_ROWS = 3_000
 
 
-#: The protocol :func:`auto_protocol` trains each of the guides whose variational parameters grow linearly with the
-#: width (WHVI's ``q(g)``: 3D a layer, a low-rank ``q(g)`` O(rD)) with from :data:`AUTO_WIDE_FROM_ROWS` training
-#: rows: the width costs them little KL and time. WHVI trains ``deep`` (lower than ``wide`` on the synthetic bench
-#: at 18,000 training rows, ``benchmarks/results/heteroscedastic/deep_probe/``); NF-WHVI and the low-rank ``q(g)``,
-#: not measured with it, ``wide``. The dense ones keep ``table3`` at any size: at ``wide`` (2.1 million mean-field
-#: parameters, 1 million dropout weights) MFG and MC dropout were worse than at ``table3`` on the bench and on the
-#: power-like analogue, and tied on the protein-like one (``benchmarks/results/heteroscedastic/README.md``, "The
-#: protocol per method"); VSD, the full-covariance ``q(g)`` and the ensemble were not measured at ``wide``.
-AUTO_LARGE_PROTOCOLS = {"whvi": "deep", "nf-whvi": "wide", "whvi-lowrank": "wide"}
-#: The methods :func:`auto_protocol` trains on a larger network than ``table3`` from :data:`AUTO_WIDE_FROM_ROWS`.
-WIDE_METHODS = tuple(AUTO_LARGE_PROTOCOLS)
+#: The methods :func:`auto_protocol` trains on a larger network than ``table3`` from :data:`AUTO_WIDE_FROM_ROWS`:
+#: the guides whose variational parameters grow linearly with the width (WHVI's ``q(g)``: 3D a layer, a low-rank
+#: ``q(g)`` O(rD)), so that the width costs them little KL and time. The dense ones keep ``table3`` at any size: at
+#: ``wide`` (2.1 million mean-field parameters, 1 million dropout weights) MFG and MC dropout were worse than at
+#: ``table3`` on the synthetic bench and on the power-like analogue, and tied on the protein-like one
+#: (``benchmarks/results/heteroscedastic/README.md``, "The protocol per method"); VSD, the full-covariance ``q(g)``
+#: and the ensemble were not measured at ``wide``.
+WIDE_METHODS = ("whvi", "nf-whvi", "whvi-lowrank")
+#: The methods :func:`auto_protocol` trains ``deep`` from :data:`AUTO_DEEP_FROM_ROWS`: WHVI, the one measured there.
+DEEP_METHODS = ("whvi",)
+#: The training rows from which :func:`auto_protocol` trains WHVI ``deep`` rather than ``wide``: below the sizes
+#: where ``deep`` was lower (8,611 and 9,000 training rows, split 0; 18,000, 5 splits of the bench) and above the
+#: one where it was higher (4,500 rows, the robot arm), at their geometric middle
+#: (``benchmarks/results/heteroscedastic/README.md``, "WHVI ``deep``").
+AUTO_DEEP_FROM_ROWS = 6_000
 _BY_SIZE = ("table3", "wide", "deep")  # which of the run's protocols names it (--protocol auto): the largest
 
 
 def auto_protocol(train_rows: int, base: str = "whvi") -> str:
     """The protocol ``--protocol auto`` trains the method ``base`` with on ``train_rows`` training rows: ``table3``
-    below :data:`AUTO_WIDE_FROM_ROWS`, from it its entry of :data:`AUTO_LARGE_PROTOCOLS` (``table3`` for the other
-    methods). It costs one run, where choosing on held-out rows (``--protocol table3,wide``) costs about three and
-    chose no better on the splits measured."""
-    large = _from_threshold(train_rows, "auto_protocol")
-    return AUTO_LARGE_PROTOCOLS.get(base, "table3") if large else "table3"
+    below :data:`AUTO_WIDE_FROM_ROWS`; from it ``wide`` for the methods of :data:`WIDE_METHODS`, ``deep`` from
+    :data:`AUTO_DEEP_FROM_ROWS` for those of :data:`DEEP_METHODS`; ``table3`` for the others. It costs one run,
+    where choosing on held-out rows (``--protocol table3,wide``) costs about three and chose no better on the splits
+    measured."""
+    if not _from_threshold(train_rows, "auto_protocol") or base not in WIDE_METHODS:
+        return "table3"
+    return "deep" if base in DEEP_METHODS and train_rows >= AUTO_DEEP_FROM_ROWS else "wide"
 
 
 def resolve_auto(train_rows: int, bases: dict[str, str]) -> tuple[str, dict[str, str], str]:
@@ -88,8 +95,8 @@ def resolve_auto(train_rows: int, bases: dict[str, str]) -> tuple[str, dict[str,
     own = {method: auto_protocol(train_rows, base) for method, base in bases.items()}
     run = max(own.values(), key=_BY_SIZE.index)
     whvi = auto_protocol(train_rows)  # where WHVI would train larger than table3, say why these do not
-    label = f"{AUTO_PROTOCOL}: {run} ({train_rows:,} training rows, {auto_protocol(AUTO_WIDE_FROM_ROWS)} from "
-    label += f"{AUTO_WIDE_FROM_ROWS:,})"
+    label = f"{AUTO_PROTOCOL}: {run} ({train_rows:,} training rows; wide from {AUTO_WIDE_FROM_ROWS:,}, deep from "
+    label += f"{AUTO_DEEP_FROM_ROWS:,})"
     narrow = {method: wide_refused(bases[method]) for method, each in own.items() if each == "table3" != whvi}
     label += exceptions_note("table3", "wide", narrow)
     for other in sorted(set(own.values()) - {"table3", run}, key=_BY_SIZE.index):

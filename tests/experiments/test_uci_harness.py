@@ -348,31 +348,34 @@ def test_several_protocols_are_chosen_per_split_on_validation_rows(tmp_path, mon
 
 
 def test_auto_protocol_picks_table3_or_a_larger_network_by_the_training_rows(tmp_path, monkeypatch):
-    """``--protocol auto``, the default: ``table3`` below AUTO_WIDE_FROM_ROWS training rows; from it ``deep`` for
-    WHVI, ``wide`` for NF-WHVI and the low-rank ``q(g)`` (WIDE_METHODS, O(D) variational parameters a layer) and
-    ``table3`` still for the dense-weight methods.
+    """``--protocol auto``, the default: ``table3`` below AUTO_WIDE_FROM_ROWS training rows; from it ``wide`` for
+    the WHVI family (WIDE_METHODS, O(D) variational parameters a layer), ``deep`` for WHVI from AUTO_DEEP_FROM_ROWS,
+    and ``table3`` still for the dense-weight methods.
     Each method's choice is its fixed protocol's run (same settings and fingerprint, so stored results stay valid),
     also in a run that mixes them, and the table says which protocol the rows gave and which methods kept table3."""
     from pyro_whvi.experiments import uci_protocols
     from pyro_whvi.experiments.cli import main
     from pyro_whvi.experiments.methods import METHODS
-    from pyro_whvi.experiments.uci_config import AUTO_WIDE_FROM_ROWS, auto_protocol
+    from pyro_whvi.experiments.uci_config import AUTO_DEEP_FROM_ROWS, AUTO_WIDE_FROM_ROWS, auto_protocol
 
-    assert AUTO_WIDE_FROM_ROWS == 3_000
-    assert [auto_protocol(n) for n in (1, 2_999, 3_000, 45_000)] == ["table3", "table3", "deep", "deep"]
+    assert (AUTO_WIDE_FROM_ROWS, AUTO_DEEP_FROM_ROWS) == (3_000, 6_000)
+    sizes = (1, 2_999, 3_000, 5_999, 6_000, 45_000)
+    assert [auto_protocol(n) for n in sizes] == ["table3", "table3", "wide", "wide", "deep", "deep"]
     large = {base: auto_protocol(45_000, base) for base in METHODS if auto_protocol(45_000, base) != "table3"}
-    assert large == uci_protocols.AUTO_LARGE_PROTOCOLS == {"whvi": "deep", "nf-whvi": "wide", "whvi-lowrank": "wide"}
-    assert set(uci_protocols.WIDE_METHODS) == set(large)
+    assert large == {"whvi": "deep", "nf-whvi": "wide", "whvi-lowrank": "wide"}
+    assert set(uci_protocols.WIDE_METHODS) == set(large) and uci_protocols.DEEP_METHODS == ("whvi",)
+    assert {auto_protocol(5_999, base) for base in large} == {"wide"}
     assert {auto_protocol(2_999, base) for base in METHODS} == {"table3"}
     for bad in (0, -5, 2.5, True):
         with pytest.raises(ValueError, match="positive number of training rows"):
             auto_protocol(bad)
-    for rows, name in ((2_999, "table3"), (3_000, "deep")):
+    for rows, name in ((2_999, "table3"), (3_000, "wide"), (6_000, "deep")):
         auto = UCIConfig.from_protocol("auto", "kin8nm", train_rows=rows, steps=7, methods=("whvi",))
         fixed = UCIConfig.from_protocol(name, "kin8nm", steps=7, methods=("whvi",))
         assert replace(auto, protocol="") == replace(fixed, protocol="")
         assert auto.fingerprint("whvi", "k") == fixed.fingerprint("whvi", "k")
-        assert auto.protocol == f"auto: {name} ({rows:,} training rows, deep from 3,000)" and fixed.protocol == name
+        assert auto.protocol == f"auto: {name} ({rows:,} training rows; wide from 3,000, deep from 6,000)"
+        assert fixed.protocol == name
     default = UCIConfig.from_protocol("auto", "kin8nm", train_rows=7_373)  # mfg, mcd, whvi
     assert (default.layers, default.hidden, default.schedule.steps, default.schedule.lr) == (3, 1024, 50_500, 3e-3)
     assert default.schedule.cooldown == 0.2
@@ -383,8 +386,8 @@ def test_auto_protocol_picks_table3_or_a_larger_network_by_the_training_rows(tmp
         assert (own.layers, own.hidden, own.schedule) == (fixed.layers, fixed.hidden, fixed.schedule), method
         assert default.fingerprint(method, "k") == fixed.fingerprint(method, "k"), method
     assert default.protocol == (
-        "auto: deep (7,373 training rows, deep from 3,000); table3 for mfg, mcd, as wide was worse than table3 for MC "
-        "dropout and MFG"
+        "auto: deep (7,373 training rows; wide from 3,000, deep from 6,000); table3 for mfg, mcd, as wide was worse "
+        "than table3 for MC dropout and MFG"
     )
     # NF-WHVI keeps wide beside WHVI's deep, with its own schedule (no cool-down); the header says why.
     flows = UCIConfig.from_protocol("auto", "kin8nm", train_rows=7_373, methods=("whvi", "nf-whvi"))
@@ -392,12 +395,14 @@ def test_auto_protocol_picks_table3_or_a_larger_network_by_the_training_rows(tmp
     assert flows.fingerprint("nf-whvi", "k") == fixed.fingerprint("nf-whvi", "k")
     assert flows.for_method("nf-whvi").schedule.cooldown == 0.0 and flows.for_method("whvi").layers == 3
     assert flows.protocol == (
-        "auto: deep (7,373 training rows, deep from 3,000); wide for nf-whvi, as deep is not measured with nf-whvi"
+        "auto: deep (7,373 training rows; wide from 3,000, deep from 6,000); wide for nf-whvi, as deep is not "
+        "measured with nf-whvi"
     )
     alone = UCIConfig.from_protocol("auto", "kin8nm", train_rows=7_373, methods=("mcd", "vsd"))
     assert (alone.hidden, alone.method_protocols) == (128, ())  # no WHVI in the run: table3 is the run's
     assert alone.protocol == (
-        "auto: table3 (7,373 training rows, deep from 3,000); table3 for mcd, vsd, as wide was worse than table3 for "
+        "auto: table3 (7,373 training rows; wide from 3,000, deep from 6,000); table3 for mcd, vsd, as wide was "
+        "worse than table3 for "
         "MC dropout and MFG and is not measured with vsd"
     )
     with pytest.raises(TypeError, match="needs train_rows"):
@@ -415,13 +420,14 @@ def test_auto_protocol_picks_table3_or_a_larger_network_by_the_training_rows(tmp
     args = ["uci", "--dataset", "diabetes", "--methods", "mfg", "--splits", "0", "--samples", "4", "--steps", "3"]
     assert main([*args, "--out", str(tmp_path / "small")]) == 0
     header = (tmp_path / "small" / "uci_diabetes.md").read_text()
-    assert "protocol auto: table3 (398 training rows, deep from 3,000), 2x128 ReLU" in header
+    assert "protocol auto: table3 (398 training rows; wide from 3,000, deep from 6,000), 2x128 ReLU" in header
     stored = tmp_path / "small" / "runs" / "diabetes" / "mfg" / "split0.json"
     first = json.loads(stored.read_text())
     assert main([*args, "--protocol", "table3", "--out", str(tmp_path / "small")]) == 0  # read back, not retrained
     assert json.loads(stored.read_text()) == first
     assert "heteroscedastic" not in header  # the paper's likelihood below the threshold
     monkeypatch.setattr(uci_protocols, "AUTO_WIDE_FROM_ROWS", 300)
+    monkeypatch.setattr(uci_protocols, "AUTO_DEEP_FROM_ROWS", 350)
     args[4] = "mfg,whvi"
     assert main([*args, "--out", str(tmp_path / "small")]) == 0
     assert json.loads(stored.read_text()) == first  # MFG keeps table3 beside a deep WHVI: read back again
@@ -431,7 +437,7 @@ def test_auto_protocol_picks_table3_or_a_larger_network_by_the_training_rows(tmp
         "table3 for mfg, as wide was worse than table3 for MC dropout and MFG; one noise scale for mfg, as a "
         "mean-variance head broke MFG at wide and is not measured with it at table3"
     )
-    assert f"protocol auto: deep (398 training rows, deep from 300); {notes}, 3x1024 ReLU" in header
+    assert f"protocol auto: deep (398 training rows; wide from 300, deep from 350); {notes}, 3x1024 ReLU" in header
     saved = json.loads((tmp_path / "small" / "uci_diabetes.json").read_text())
     parameters = {row["method"]: row["variational_parameters"] for row in saved["meta"]["splits"]}
     assert parameters["mfg"] == first["row"]["variational_parameters"] < 1024**2  # 2 x 128 (2 x 1024: over 1M)
