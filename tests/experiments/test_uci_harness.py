@@ -316,7 +316,8 @@ def test_several_protocols_are_chosen_per_split_on_validation_rows(tmp_path, mon
     saved = json.loads((tmp_path / "run" / "runs" / "diabetes" / "mfg" / "split0.json").read_text())["row"]
     assert saved["protocol"] == label and saved["validation_scores"] == pytest.approx(scores, rel=1e-6)
     network = protocol_settings(label, "diabetes", steps=20)
-    assert {k: saved[k] for k in ("layers", "hidden", "steps", "lr")} == {k: network[k] for k in saved if k in network}
+    keys = ("layers", "hidden", "steps", "lr")
+    assert {k: saved[k] for k in keys} == {k: network[k] for k in keys}
     text = (tmp_path / "run" / "uci_diabetes.md").read_text()
     assert (
         "protocol chosen per split from table6 (1x50, 20 steps, lr 0.001), table3 (2x128, 20 steps, lr 0.001) on "
