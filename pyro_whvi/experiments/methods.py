@@ -235,7 +235,7 @@ def fit(
     if spec.iblm:
 
         def initialize() -> None:
-            iblm_(guide, (x, y), batch_size=min(128, x.shape[0]), progress=False)
+            iblm_(guide, (x, y), progress=False)  # 128 rows a regression, the widest layer's width if more
 
     return train(
         model,

@@ -64,14 +64,16 @@ from .layers import (
     untransformed_model,
 )
 
-__all__ = ["iblm_"]
+__all__ = ["DEFAULT_BATCH_SIZE", "iblm_"]
+
+DEFAULT_BATCH_SIZE = 128  #: examples per regression where every layer has at most this many inputs (§4.5)
 
 
 def iblm_(
     guide,
     data,
     *,
-    batch_size: int = 128,
+    batch_size: int | None = None,
     noise_variance: float | str = "evidence",
     prior_variance: float | str = "evidence",
     label_alpha: float = 0.01,
@@ -93,7 +95,10 @@ def iblm_(
     :param data: ``(x, y)`` tensors, or an iterable of ``(x, y)`` batches such as a ``DataLoader``
         (its batch size is then used; a shorter last batch is skipped); at least 2 examples per batch.
         Class labels are ``(N,)`` or ``(N, 1)`` indices, or ``(N, k)`` one-hot rows.
-    :param batch_size: examples per regression, for tensor data (64–128 suffice, §4.5).
+    :param batch_size: examples per regression, for tensor data. ``None`` (the default): 128, which suffices for
+        the paper's networks (§4.5), or the widest fully connected layer's input width where that is larger, so
+        that no regression of a wide network has fewer rows than inputs and is left to the prior (a
+        convolution's rows are its patches, several per example).
     :param noise_variance: the regression noise variance for Gaussian likelihoods: a float, or
         ``"evidence"`` to maximize the marginal likelihood per layer (App. C).
     :param prior_variance: the regressions' prior: ``"model"``, each weight's and bias's own prior (a
@@ -114,8 +119,8 @@ def iblm_(
         I-BLM paper (Rossi et al., ICML 2019): §4.1–4.5, Algorithm 1, App. B–D.
     """
     initializer = site_initializer(guide, "iblm_")
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"iblm_: batch_size must be a positive int, got {batch_size!r}.")
+    if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
+        raise ValueError(f"iblm_: batch_size must be a positive int or None, got {batch_size!r}.")
     if not (noise_variance == "evidence" or (isinstance(noise_variance, (int, float)) and noise_variance > 0)):
         raise ValueError(f"iblm_: noise_variance must be 'evidence' or a float > 0, got {noise_variance!r}.")
     if not (
@@ -128,7 +133,7 @@ def iblm_(
         for name, value in zip(("x", "y"), data):
             if isinstance(value, Tensor):
                 check_finite("iblm_", f"the data's {name}", value)
-    stream = BatchStream(data, batch_size)
+    stream = BatchStream(data, DEFAULT_BATCH_SIZE if batch_size is None else batch_size)
     if stream.batch_size < 2:
         raise ValueError(
             f"iblm_: each regression needs a minibatch of at least 2 examples, got {stream.batch_size} (the rows "
@@ -143,6 +148,9 @@ def iblm_(
             trace = poutine.trace(model).get_trace(x, y)
     likelihood = find_likelihood(trace)
     layers = find_layers(model, trace)
+    if batch_size is None and stream.tensors is not None:
+        widest = max((layer.fan_in for layer in layers if not layer.is_conv), default=0)
+        stream.batch_size = min(max(DEFAULT_BATCH_SIZE, widest), stream.tensors[0].shape[0])
     if layers[-1].out_features != likelihood.outputs:
         raise ValueError(
             f"iblm_: the last layer {layers[-1].weight_site!r} has {layers[-1].out_features} outputs but the "

@@ -132,7 +132,7 @@ def fit_layer(guide, layer, likelihood, stream, is_output, settings, bar) -> Lay
     if probe.shape[-1] != fan_in:
         raise RuntimeError(f"iblm_: layer {layer.weight_site!r} received {probe.shape[-1]} inputs, expected {fan_in}.")
     dim = fan_in + (layer.bias_site is not None)
-    if rows < dim:
+    if rows < fan_in:
         warnings.warn(
             f"iblm_: layer {layer.weight_site!r} regresses {dim} coefficients on {rows} rows (batch {batch}); the "
             "BLM is then dominated by the prior. Use a batch_size of at least the layer's input width.",

@@ -3,6 +3,8 @@ layer order, data sources and bad input."""
 
 from __future__ import annotations
 
+import warnings
+
 import pyro
 import pyro.distributions as dist
 import pytest
@@ -260,6 +262,20 @@ def test_output_mismatch_and_small_batch():
     pyro.clear_param_store()
     with pytest.warns(UserWarning, match="dominated by the prior"):
         iblm_(AutoNormal(BayesianMLP([3, 8, 2])), (x, y), batch_size=3)
+
+
+def test_default_batch_covers_the_widest_layer():
+    # 128 rows a regression would leave the 200 inputs of the output layer to the prior; the default draws 200.
+    x, y = _linear_data(300, 3, 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        iblm_(AutoNormal(BayesianMLP([3, 200, 1])), (x, y))
+    pyro.clear_param_store()
+    with pytest.warns(UserWarning, match="regresses 201 coefficients on 128 rows"):
+        iblm_(AutoNormal(BayesianMLP([3, 200, 1])), (x, y), batch_size=128)
+    pyro.clear_param_store()
+    with pytest.warns(UserWarning, match="on 150 rows"):  # fewer rows than inputs: all of them, and the warning
+        iblm_(AutoNormal(BayesianMLP([3, 200, 1])), (x[:150], y[:150]))
 
 
 def test_progress_bar_is_shown_on_request(capsys):
