@@ -71,8 +71,9 @@ WIDE_METHODS = ("whvi", "nf-whvi", "whvi-lowrank")
 DEEP_METHODS = ("whvi",)
 #: The training rows from which :func:`auto_protocol` trains WHVI ``deep`` rather than ``wide``: below the sizes
 #: where ``deep`` was lower (8,611 and 9,000 training rows, split 0; 18,000, 5 splits of the bench) and above the
-#: one where it was higher (4,500 rows, the robot arm), at their geometric middle
-#: (``benchmarks/results/heteroscedastic/README.md``, "WHVI ``deep``").
+#: one where it was higher (4,500 rows, the robot arm), at their geometric middle; a later split at 7,373 rows
+#: (kin8nm's size, the robot arm) was lower under ``deep`` too (``benchmarks/results/heteroscedastic/README.md``,
+#: "WHVI ``deep``" and "Past ``deep``").
 AUTO_DEEP_FROM_ROWS = 6_000
 _BY_SIZE = ("table3", "wide", "deep")  # which of the run's protocols names it (--protocol auto): the largest
 
