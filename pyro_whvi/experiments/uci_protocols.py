@@ -75,7 +75,12 @@ DEEP_METHODS = ("whvi",)
 #: (kin8nm's size, the robot arm) was lower under ``deep`` too (``benchmarks/results/heteroscedastic/README.md``,
 #: "WHVI ``deep``" and "Past ``deep``").
 AUTO_DEEP_FROM_ROWS = 6_000
-_BY_SIZE = ("table3", "wide", "deep")  # which of the run's protocols names it (--protocol auto): the largest
+
+
+def _units(name: str) -> int:
+    """The hidden units of the protocol ``name``: of a run's protocols under ``--protocol auto`` the largest names
+    the run."""
+    return UCI_PROTOCOLS[name]["layers"] * UCI_PROTOCOLS[name]["hidden"]
 
 
 def auto_protocol(train_rows: int, base: str = "whvi") -> str:
@@ -94,13 +99,13 @@ def resolve_auto(train_rows: int, bases: dict[str, str]) -> tuple[str, dict[str,
     the run's protocol (the largest of its methods', so its WHVI's where it has one), each method's
     (:func:`auto_protocol`), and the header's label, which names the methods that train another and why."""
     own = {method: auto_protocol(train_rows, base) for method, base in bases.items()}
-    run = max(own.values(), key=_BY_SIZE.index)
+    run = max(own.values(), key=_units)
     large = _from_threshold(train_rows, "resolve_auto")  # where WHVI trains larger than table3, say why these do not
     label = f"{AUTO_PROTOCOL}: {run} ({train_rows:,} training rows; wide from {AUTO_WIDE_FROM_ROWS:,}, deep from "
     label += f"{AUTO_DEEP_FROM_ROWS:,})"
     narrow = {method: wide_refused(bases[method]) for method, each in own.items() if large and each == "table3"}
     label += exceptions_note("table3", "wide", narrow)
-    for other in sorted(set(own.values()) - {"table3", run}, key=_BY_SIZE.index):
+    for other in sorted(set(own.values()) - {"table3", run}, key=_units):
         label += exceptions_note(
             other, run, {method: "is not measured with {}" for method in own if own[method] == other}
         )

@@ -403,8 +403,7 @@ def test_auto_protocol_picks_table3_or_a_larger_network_by_the_training_rows(tmp
     assert (alone.hidden, alone.method_protocols) == (128, ())  # no WHVI in the run: table3 is the run's
     assert alone.protocol == (
         "auto: table3 (7,373 training rows; wide from 3,000, deep from 6,000); table3 for mcd, vsd, as wide was "
-        "worse than table3 for "
-        "MC dropout and MFG and is not measured with vsd"
+        "worse than table3 for MC dropout and MFG and is not measured with vsd"
     )
     with pytest.raises(TypeError, match="needs train_rows"):
         UCIConfig.from_protocol("auto", "kin8nm")
