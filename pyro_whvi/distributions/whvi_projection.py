@@ -229,7 +229,7 @@ def fit_whvi_site(
     rows, cols = num_blocks * block_size, block_size
     # The projection and q(g) are solved in float64 whatever the guide's dtype: the normal equations
     # of the fit are ill-conditioned in float32 (the guide casts the results back).
-    mean, precision, rhs = mean.double(), data_precision.double(), data_rhs.double()
+    precision = data_precision
     row_precisions = precision.dim() == 3 and precision.shape[-1] == precision.shape[-2]
     full_rows = row_precisions and layout.kind == "matrix" and block_size <= FULL_ROW_PRECISION_MAX_BLOCK
     # A one-row weight laid out as a vector (expose="all") spreads its row over several grid rows, whose
@@ -237,7 +237,8 @@ def fit_whvi_site(
     # projection of the layer's mean (a mean solved with the diagonal alone ignores correlated inputs).
     vector_rows = row_precisions and layout.kind == "vector"
     if row_precisions and not full_rows:
-        precision = precision.diagonal(dim1=-2, dim2=-1)
+        precision = precision.diagonal(dim1=-2, dim2=-1)  # before the float64 copy: (R, F, F) may be GiBs
+    mean, precision, rhs = mean.double(), precision.double(), data_rhs.double()
     if full_rows:
         grid_precision = _padded_rows(precision, rows, cols)
         grid_precision = _padded_rows(grid_precision.transpose(0, 2), cols, cols).transpose(0, 2)

@@ -55,7 +55,10 @@ class LayerGaussian:
 
     weight_mean: Tensor  #: the weight's shape, ``(R, ...)``
     weight_precision: Tensor  #: the weight's shape: diagonal of the posterior precision
-    row_data_precision: Tensor  #: ``(R, F, F)``: the likelihood part of each row's precision over its weights
+    #: ``(R, F, F)``: the likelihood part of each row's precision over its weights, or its diagonal in the
+    #: weight's shape (what a guide takes of it where ``F`` exceeds
+    #: :data:`~pyro_whvi.distributions.whvi_projection.FULL_ROW_PRECISION_MAX_BLOCK`)
+    row_data_precision: Tensor
     row_data_rhs: Tensor  #: ``(R, F)``: the likelihood's linear term for each row's weights, bias at its mean
     bias_mean: Tensor | None = None  #: ``(R,)``
     bias_precision: Tensor | None = None  #: ``(R,)``

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from ..distributions.whvi_matrix import base_distribution
+from ..distributions.whvi_projection import FULL_ROW_PRECISION_MAX_BLOCK
 from .assign import LayerGaussian
 from .blm import blm_posterior, dirichlet_label_transform, evidence_hyperparameters
 from .layers import BayesianLayer, Likelihood, capture_layer_inputs, patches
@@ -147,6 +148,10 @@ def fit_layer(guide, layer, likelihood, stream, is_output, settings, bar) -> Lay
         w_loc, w_var = torch.cat([w_loc, b_loc[:, None]], -1), torch.cat([w_var, b_var[:, None]], -1)
     fixed_bias = layer.fixed_bias()
     chunk = max(1, MEMORY_BUDGET // (rows * dim + dim * dim))
+    # Each row's full likelihood precision is kept only where a guide uses more than its diagonal: a WHVI site
+    # of block size up to FULL_ROW_PRECISION_MAX_BLOCK (>= fan_in), or of one row (laid out as a vector, whose
+    # mean is then projected). Kept whole, a 1024 x 1024 layer's would be out_features x dim^2: 4 GiB in float32.
+    full_rows = fan_in <= FULL_ROW_PRECISION_MAX_BLOCK or layer.out_features == 1
     hidden = settings["diversify"] and not is_output
     hyper: tuple[Tensor | float, Tensor | float] | None = None  # (homoscedastic noise variance, prior factor)
     means, precisions, data_precisions, data_rhs = [], [], [], []
@@ -192,7 +197,7 @@ def fit_layer(guide, layer, likelihood, stream, is_output, settings, bar) -> Lay
             mean, rhs = mean * gain[:, None], rhs / gain[:, None]
             likelihood_precision = likelihood_precision / gain[:, None, None].pow(2)
         means.append(mean)
-        data_precisions.append(likelihood_precision)
+        data_precisions.append(likelihood_precision if full_rows else likelihood_precision.diagonal(0, -2, -1).clone())
         # q's variances use the model's own prior: a wider evidence prior helps the fit of the mean,
         # but would leave the directions the data do not pin down wider than the prior itself.
         precisions.append(likelihood_precision.diagonal(dim1=-2, dim2=-1) + 1.0 / w_var[units])
@@ -204,10 +209,12 @@ def fit_layer(guide, layer, likelihood, stream, is_output, settings, bar) -> Lay
     gaussian = LayerGaussian(
         weight_mean=mean[:, :fan_in].reshape(layer.weight_shape),
         weight_precision=diag[:, :fan_in].reshape(layer.weight_shape),
-        row_data_precision=data_precision[:, :fan_in, :fan_in],
+        row_data_precision=(
+            data_precision[:, :fan_in, :fan_in] if full_rows else data_precision[:, :fan_in].reshape(layer.weight_shape)
+        ),
         row_data_rhs=torch.cat(data_rhs).reshape(layer.weight_shape),
     )
     if layer.bias_site is not None:
         gaussian.bias_mean, gaussian.bias_precision = mean[:, -1], diag[:, -1]
-        gaussian.bias_data_precision = data_precision[:, -1, -1]
+        gaussian.bias_data_precision = data_precision[:, -1, -1] if full_rows else data_precision[:, -1]
     return gaussian

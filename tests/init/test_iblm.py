@@ -424,3 +424,43 @@ def test_iblm_on_a_one_row_weight_laid_out_as_a_vector(covariance):
     with torch.no_grad():
         f = Predictive(model, guide=guide, num_samples=32, return_sites=["f"])(x)["f"].reshape(32, -1)
     assert float((f.mean(0) - y).pow(2).mean().sqrt()) < 0.4 * float(y.std())
+
+
+def test_wide_layers_hand_the_guide_only_the_diagonal_it_uses(monkeypatch):
+    """Past FULL_ROW_PRECISION_MAX_BLOCK inputs (256) a WHVI site takes only the diagonal of each row's likelihood
+    precision, so iblm_ keeps only that: ``(R, F, F)`` is 4 GiB for a 1024 x 1024 layer in float32 (iblm_ of a
+    3 x 1024 network peaked at 14 GB with its float64 copy). One-row (vector) and narrower layers keep theirs. The
+    guide ends exactly where the full matrices took it. (The threshold is lowered to 8 here to keep the test small.)"""
+    from pyro_whvi.distributions import whvi_projection
+    from pyro_whvi.init import iblm as iblm_module
+    from pyro_whvi.init import layer_fit
+
+    assert layer_fit.FULL_ROW_PRECISION_MAX_BLOCK == whvi_projection.FULL_ROW_PRECISION_MAX_BLOCK == 256
+    for module in (layer_fit, whvi_projection):
+        monkeypatch.setattr(module, "FULL_ROW_PRECISION_MAX_BLOCK", 8)
+    x, y = _linear_data(40, 3, 1)
+    real_fit = iblm_module.fit_layer
+
+    def run():
+        handed = {}
+
+        def fit_and_record(guide, layer, *args):
+            gaussian = real_fit(guide, layer, *args)
+            handed[layer.weight_site] = tuple(gaussian.row_data_precision.shape)
+            return gaussian
+
+        monkeypatch.setattr(iblm_module, "fit_layer", fit_and_record)
+        pyro.clear_param_store()
+        pyro.set_rng_seed(0)
+        guide = AutoWHVIGuide(BayesianMLP([3, 12, 12, 1]), expose="all", covariance="full")
+        iblm_(guide, (x, y))
+        return {key: value.detach().clone() for key, value in guide.state_dict().items()}, handed
+
+    state, handed = run()
+    assert handed == {"layers.0.weight": (12, 3, 3), "layers.1.weight": (12, 12), "layers.2.weight": (1, 12, 12)}
+    monkeypatch.setattr(layer_fit, "FULL_ROW_PRECISION_MAX_BLOCK", 10**6)  # every row's full precision, as before
+    full_state, full_handed = run()
+    assert full_handed["layers.1.weight"] == (12, 12, 12)
+    assert state.keys() == full_state.keys()
+    for key, value in state.items():
+        assert torch.equal(value, full_state[key]), key
