@@ -197,10 +197,11 @@ def fit_layer(guide, layer, likelihood, stream, is_output, settings, bar) -> Lay
             mean, rhs = mean * gain[:, None], rhs / gain[:, None]
             likelihood_precision = likelihood_precision / gain[:, None, None].pow(2)
         means.append(mean)
-        data_precisions.append(likelihood_precision if full_rows else likelihood_precision.diagonal(0, -2, -1).clone())
+        data_diagonal = likelihood_precision.diagonal(dim1=-2, dim2=-1)
+        data_precisions.append(likelihood_precision if full_rows else data_diagonal.clone())
         # q's variances use the model's own prior: a wider evidence prior helps the fit of the mean,
         # but would leave the directions the data do not pin down wider than the prior itself.
-        precisions.append(likelihood_precision.diagonal(dim1=-2, dim2=-1) + 1.0 / w_var[units])
+        precisions.append(data_diagonal + 1.0 / w_var[units])
         if layer.bias_site is not None:  # the weights' term given the bias at its posterior mean
             rhs = rhs[:, :fan_in] - likelihood_precision[:, :fan_in, fan_in] * mean[:, fan_in : fan_in + 1]
         data_rhs.append(rhs)
