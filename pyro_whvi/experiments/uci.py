@@ -42,11 +42,12 @@ from ..train.files import notice
 from ..train.folder_lock import folder_lock
 from .arguments import check_device
 from .ensemble import remove_checkpoints
+from .likelihood_choice import NOISE_GAIN_THRESHOLD, train_choosing_likelihood
 from .memory_checks import check_uci_memory
 from .methods import MethodSpec, parse_method
 from .noisy_sets import NOISE_FILE, noise_floor, split_noise_std
 from .reporting import check_writable, save_tables, write_atomic
-from .uci_config import ENGINE_VERSION, UCIConfig
+from .uci_config import BY_RESIDUALS, ENGINE_VERSION, UCIConfig
 from .uci_data import (
     BUNDLED_DATASETS,
     UCIData,
@@ -105,7 +106,10 @@ def run_split(
     (:func:`choose_settings`, its scores kept in ``selection_store``; ``checkpoint`` is then kept per choice); the
     row names the choice (``kl_weight``, and ``protocol`` with its ``hidden``, ``layers``, ``steps`` and ``lr``
     where there are protocols), every candidate's validation score and the seconds the candidates took (counted in
-    ``train_seconds``).
+    ``train_seconds``). A method with the likelihood ``"by-residuals"`` (regression) is trained by
+    :func:`~pyro_whvi.experiments.likelihood_choice.train_choosing_likelihood` (its check kept in
+    ``selection_store`` with the suffix ``.likelihood.json``); the row names the ``likelihood`` chosen and the
+    ``noise_gain`` it was chosen by.
     In a process group every rank trains its shard and only rank 0 evaluates (the others return ``({}, {})``).
     """
     chosen: dict[str, Any] = {}
@@ -122,7 +126,12 @@ def run_split(
         if checkpoint is not None:  # a run begun with another choice is not resumed with this one
             choice = f"kl{settings.kl_weight!r}" if not config.protocols else label
             checkpoint = replace(checkpoint, key=f"{checkpoint.key}:{choice}")
-    trained = train_split(source, spec, split, settings, checkpoint, data=data, candidate=label)
+    if data.task == "regression" and settings.likelihood_of(spec.name) == BY_RESIDUALS:
+        store = selection_store.with_suffix(".likelihood.json") if selection_store is not None else None
+        trained, likelihood = train_choosing_likelihood(source, spec, split, settings, checkpoint, data, label, store)
+        chosen.update(likelihood)
+    else:
+        trained = train_split(source, spec, split, settings, checkpoint, data=data, candidate=label)
     if distributed.rank() != 0:
         return {}, {}
     data, guide, losses = trained.data, trained.guide, trained.losses
@@ -224,6 +233,7 @@ def _run_jobs(source: str | Path, config: UCIConfig, out: Path) -> tuple[list[di
                 write_atomic(path, json.dumps(saved, indent=2))
                 remove_checkpoints(path.with_suffix(".ckpt"))  # and an ensemble's members'
                 store.unlink(missing_ok=True)  # the choice's scores are in the row
+                store.with_suffix(".likelihood.json").unlink(missing_ok=True)  # and the likelihood's
         rows.append(saved["row"])
         if "reliability" in saved:
             reliability.setdefault(method, []).append(saved["reliability"])
@@ -239,6 +249,22 @@ def _run_jobs(source: str | Path, config: UCIConfig, out: Path) -> tuple[list[di
         text += f"\n\n{what[0].upper()}{what[1:]} chosen per split on validation: " + "; ".join(
             f"{method}: " + ", ".join(_choice(row, config) for row in rows if row["method"] == method)
             for method in config.methods
+        )
+    checked = [m for m in config.methods if any("noise_gain" in row for row in rows if row["method"] == m)]
+    shown = [row for row in rows if "noise_gain" in row]
+    if checked:
+        text += (
+            "\n\nLikelihood chosen per split on the training residuals (one noise scale, the mean-variance head where "
+            f"a variance model of the inputs gains {NOISE_GAIN_THRESHOLD} nats a row; the gain): "
+            + "; ".join(
+                f"{method}: "
+                + ", ".join(
+                    f"{'head' if row['likelihood'] == 'heteroscedastic' else 'one scale'} ({row['noise_gain']:.3f})"
+                    for row in shown
+                    if row["method"] == method
+                )
+                for method in checked
+            )
         )
     sigma = next(iter(sigmas.values()), None)
     if isinstance(sigma, float):

@@ -54,10 +54,11 @@ def _protocols(text: str) -> tuple[str, ...]:
 
 
 def add_uci_command(commands) -> None:
+    from .likelihood_choice import NOISE_GAIN_THRESHOLD
     from .methods import BASE_METHODS, ENSEMBLE, METHODS, Schedule
     from .uci import BUNDLED_DATASETS, UCIConfig
     from .uci_config import AUTO_DEEP_FROM_ROWS, AUTO_PROTOCOL, AUTO_WIDE_FROM_ROWS, DEVICES, UCI_PROTOCOLS
-    from .uci_protocols import AUTO_LIKELIHOOD, REGRESSION_LIKELIHOODS
+    from .uci_protocols import AUTO_LIKELIHOOD, LIKELIHOOD_CHOICES
 
     uci = commands.add_parser(
         "uci",
@@ -73,8 +74,9 @@ def add_uci_command(commands) -> None:
             "predicting as their mixture; Lakshminarayanan et al. 2017). The schedule is the WHVI paper's (App. D.1: "
             "50,500 steps, batch 64, Adam decayed, noise fixed for 500 steps); the network by default (--protocol "
             f"auto) its Table 3's 2x128 ReLU at lr 1e-3 below {AUTO_WIDE_FROM_ROWS:,} training rows, for whvi 2x1024 "
-            f"at lr 3e-3 with a mean-variance head (--likelihood auto) from them, 3x1024 cooled down over the last "
-            f"20% of the steps from {AUTO_DEEP_FROM_ROWS:,}."
+            "at lr 3e-3 from them, with one noise scale or a mean-variance head chosen per split on the training "
+            f"residuals (--likelihood auto), 3x1024 cooled down over the last 20% of the steps from "
+            f"{AUTO_DEEP_FROM_ROWS:,}."
         ),
     )
     source = uci.add_mutually_exclusive_group()
@@ -130,12 +132,14 @@ def add_uci_command(commands) -> None:
     )
     uci.add_argument(
         "--likelihood",
-        choices=(AUTO_LIKELIHOOD, *REGRESSION_LIKELIHOODS),
+        choices=(AUTO_LIKELIHOOD, *LIKELIHOOD_CHOICES),
         default=AUTO_LIKELIHOOD,
         help=f"regression: gaussian, the papers' one learned noise scale; heteroscedastic, a mean-variance head (the "
-        "last layer also predicts each row's noise, under the method's posterior; not with +iblm); auto (the "
-        f"default): the head under --protocol auto from {AUTO_WIDE_FROM_ROWS:,} training rows for whvi, nf-whvi and "
-        "mcd, else gaussian, chosen per method. ensemble has the head either way",
+        "last layer also predicts each row's noise, under the method's posterior; not with +iblm); by-residuals: "
+        "gaussian, then the head where a variance model of the inputs gains "
+        f"{NOISE_GAIN_THRESHOLD} nats a row on its training residuals, per split; auto (the default): under "
+        f"--protocol auto from {AUTO_WIDE_FROM_ROWS:,} training rows by-residuals for whvi and the head for nf-whvi "
+        "and mcd, else gaussian, chosen per method. ensemble has the head either way",
     )
     uci.add_argument(
         "--raw-targets",
@@ -248,6 +252,7 @@ def run_uci_command(args: argparse.Namespace) -> int:
     from .memory_checks import check_uci_memory
     from .reporting import check_writable
     from .uci import check_source, check_validation, dataset_name, run_uci
+    from .uci_protocols import BY_RESIDUALS
 
     source = args.data_dir if args.data_dir is not None else (args.dataset or "diabetes")
     timeout = timedelta(seconds=args.timeout)
@@ -266,7 +271,7 @@ def run_uci_command(args: argparse.Namespace) -> int:
         if args.dropout >= 1:
             raise ValueError(f"--dropout must be below 1, got {args.dropout}")
         sizes = check_source(source, tuple(dict.fromkeys(args.splits)))
-        if args.likelihood == "heteroscedastic" and sizes.outputs > 1:
+        if args.likelihood in ("heteroscedastic", BY_RESIDUALS) and sizes.outputs > 1:
             raise ValueError(f"--likelihood {args.likelihood} is for regression; {source} is a classification set")
         if sizes.outputs > 1:  # classification: the likelihood is categorical, whatever --likelihood
             args.likelihood = "gaussian"

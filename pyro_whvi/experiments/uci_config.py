@@ -15,6 +15,7 @@ from .uci_protocols import (
     AUTO_LIKELIHOOD,
     AUTO_PROTOCOL,
     AUTO_WIDE_FROM_ROWS,
+    BY_RESIDUALS,
     REGRESSION_LIKELIHOODS,
     UCI_PROTOCOLS,
     auto_likelihood,
@@ -22,10 +23,9 @@ from .uci_protocols import (
     check_likelihoods,
     check_method_protocols,
     check_protocol,
-    exceptions_note,
-    head_refused,
     protocol_settings,
     resolve_auto,
+    resolve_likelihood,
 )
 
 __all__ = [
@@ -33,6 +33,7 @@ __all__ = [
     "AUTO_LIKELIHOOD",
     "AUTO_PROTOCOL",
     "AUTO_WIDE_FROM_ROWS",
+    "BY_RESIDUALS",
     "DEVICES",
     "ENGINE_VERSION",
     "REGRESSION_LIKELIHOODS",
@@ -111,8 +112,10 @@ class UCIConfig:
 
     ``likelihood`` (regression): ``"gaussian"``, one learned noise scale as in the papers, or ``"heteroscedastic"``,
     a mean-variance head (:class:`~pyro_whvi.nn.BayesianMLP`): the last layer predicts each row's noise too, under
-    the method's posterior like every other weight. ``ensemble`` has the head either way. ``whvi uci``'s default,
-    ``--likelihood auto``, resolves to one of the two per method by :func:`auto_likelihood`. ``method_likelihoods``,
+    the method's posterior like every other weight, or ``"by-residuals"``, one noise scale and then the head where the
+    training residuals show noise that varies with the inputs, per split
+    (:mod:`~pyro_whvi.experiments.likelihood_choice`). ``ensemble`` has the head either way. ``whvi uci``'s default,
+    ``--likelihood auto``, resolves to one of the three per method by :func:`auto_likelihood`. ``method_likelihoods``,
     ``(method, likelihood)`` pairs, gives a method another than ``likelihood`` (:meth:`likelihood_of`), and
     ``method_protocols``, ``(method, protocol)`` pairs (as in ``protocols``), another network and schedule (as
     :func:`auto_protocol` does). A method trains with, and is fingerprinted by, its own settings (:meth:`for_method`),
@@ -180,7 +183,7 @@ class UCIConfig:
             )
         object.__setattr__(self, "method_likelihoods", tuple((str(m), str(v)) for m, v in self.method_likelihoods))
         check_likelihoods(self.likelihood, self.method_likelihoods, self.methods)
-        heads = [m for m in self.methods if self.likelihood_of(m) == "heteroscedastic"]
+        heads = [m for m in self.methods if self.likelihood_of(m) in ("heteroscedastic", BY_RESIDUALS)]
         with_iblm = [method for method in heads if parse_method(method).iblm]
         if with_iblm:
             raise ValueError(
@@ -283,12 +286,9 @@ class UCIConfig:
         if fields.get("likelihood") == AUTO_LIKELIHOOD:
             if train_rows is None:
                 raise TypeError(f"UCIConfig.from_protocol: likelihood {AUTO_LIKELIHOOD!r} needs train_rows")
-            fields["likelihood"] = auto_likelihood(label, train_rows)
-            heads = {spec.name: auto_likelihood(label, train_rows, spec.base, spec.iblm) for spec in specs}
-            named = [spec for spec in specs if heads[spec.name] != fields["likelihood"]]
-            fields["method_likelihoods"] = tuple((spec.name, heads[spec.name]) for spec in named)
-            reasons = {spec.name: head_refused(spec.base, spec.iblm) for spec in named}
-            shown += exceptions_note("one noise scale", "a mean-variance head", reasons)
+            bases = {spec.name: (spec.base, spec.iblm) for spec in specs}
+            fields["likelihood"], other, note = resolve_likelihood(label, train_rows, bases)
+            fields["method_likelihoods"], shown = tuple(other.items()), shown + note
         fields.setdefault("protocol", shown)
         candidates = [{"name": each, **protocol_settings(each, dataset, **overrides)} for each in names]
         if len(candidates) > 1:

@@ -20,6 +20,7 @@ from ..metrics import (
 )
 from .noisy_sets import noise_floor
 from .reporting import draw_reliability, summarize_by, write_atomic
+from .uci_protocols import BY_RESIDUALS
 
 if TYPE_CHECKING:
     from .uci_config import UCIConfig
@@ -89,9 +90,12 @@ def summary_table(name: str, summary: list[dict[str, Any]], config: UCIConfig) -
     every_head = len(heads) == len(summary)  # then no noise scale to hold
     noise = f" (noise fixed for the first {fixed})" if regression and fixed and not every_head else ""
     targets = ", raw targets" if regression and not config.standardize_targets else ""
+    checked = [e["method"] for e in summary if regression and config.likelihood_of(e["method"]) == BY_RESIDUALS]
     if heads:
         which = "" if every_head else f" for {', '.join(heads)} (one noise scale for the others)"
         targets += f", mean-variance heads (heteroscedastic likelihood){which}"
+    if checked:
+        targets += f", the likelihood chosen per split on the training residuals for {', '.join(checked)}"
     weights = config.kl_weights
     tempered = f", KL weight {weights[0]:g} (tempered)" if weights != (1.0,) else ""
     held_out = f"on {config.val_fraction * 100:g}% of each split's training rows"

@@ -22,7 +22,7 @@ from ..train.selection import holdout, select_best
 from .ensemble import EnsembleGuide, remove_checkpoints, resumed_member_seconds
 from .methods import MethodSpec, build_method, fit, predictive_sites
 from .reporting import write_atomic
-from .uci_config import UCIConfig
+from .uci_config import BY_RESIDUALS, UCIConfig
 from .uci_data import UCIData, data_key, dataset_name, load_dataset_split
 from .uci_report import evaluate
 
@@ -90,10 +90,12 @@ def train_split(
     pyro.clear_param_store()
     regression = data.task == "regression"
     widths = [data.x_train.shape[1], *[config.hidden] * config.layers, 1 if regression else data.num_classes]
+    # by-residuals trains one noise scale first (likelihood_choice trains the head after it where needed).
+    likelihood = "gaussian" if config.likelihood == BY_RESIDUALS else config.likelihood
     model, guide = build_method(
         spec,
         widths,
-        likelihood=config.likelihood if regression else "categorical",
+        likelihood=likelihood if regression else "categorical",
         noise_scale=config.noise_scale,
         dropout=config.dropout,
         flows=config.flows,

@@ -24,7 +24,13 @@ from pyro_whvi.experiments.methods import (
 )
 from pyro_whvi.experiments.uci_config import UCIConfig
 from pyro_whvi.experiments.uci_data import data_key, load_dataset_split
-from pyro_whvi.experiments.uci_protocols import AUTO_WIDE_FROM_ROWS, HEAD_METHODS, auto_likelihood
+from pyro_whvi.experiments.uci_protocols import (
+    AUTO_WIDE_FROM_ROWS,
+    BY_RESIDUALS,
+    HEAD_METHODS,
+    RESIDUAL_METHODS,
+    auto_likelihood,
+)
 from pyro_whvi.experiments.uci_train import predict_split, train_split
 from pyro_whvi.metrics import gaussian_mnll
 
@@ -155,7 +161,8 @@ def test_each_method_trains_with_its_own_likelihood(tmp_path):
 
 
 def test_bad_input_names_the_argument_and_the_fix(tmp_path):
-    with pytest.raises(ValueError, match=r"likelihood must be one of \('gaussian', 'heteroscedastic'\)"):
+    expected = r"likelihood must be one of \('gaussian', 'heteroscedastic', 'by-residuals'\), got 'student'"
+    with pytest.raises(ValueError, match=expected):
         UCIConfig(likelihood="student")
     with pytest.raises(ValueError, match=r"I-BLM \(whvi\+iblm\).*without '\+iblm'"):
         UCIConfig(methods=("mcd", "whvi+iblm"), likelihood="heteroscedastic")
@@ -179,11 +186,11 @@ def test_bad_input_names_the_argument_and_the_fix(tmp_path):
 
 
 def test_auto_gives_the_head_where_auto_picks_wide_and_the_papers_likelihood_elsewhere(tmp_path):
-    """``--likelihood auto`` (the command's default): the head with ``--protocol auto`` from the threshold on; one
-    noise scale below it, under every fixed protocol, and for ``+iblm``, ``mfg`` and unmeasured guides (the table says
-    why)."""
+    """``--likelihood auto`` (the command's default): with ``--protocol auto`` from the threshold on, the choice on
+    the residuals for WHVI and the head for NF-WHVI, MC dropout and ensembles; one noise scale below it, under every
+    fixed protocol, and for ``+iblm``, ``mfg`` and unmeasured guides (the table says why)."""
     wide_rows, few = AUTO_WIDE_FROM_ROWS, AUTO_WIDE_FROM_ROWS - 1
-    assert [auto_likelihood("auto", n) for n in (few, wide_rows)] == ["gaussian", "heteroscedastic"]
+    assert [auto_likelihood("auto", n) for n in (few, wide_rows)] == ["gaussian", BY_RESIDUALS]
     assert {auto_likelihood(name, wide_rows) for name in ("table3", "table6", "wide", "")} == {"gaussian"}
     assert auto_likelihood("auto", wide_rows, "whvi", iblm=True) == "gaussian"
     # The head's threshold is the row count, the same for MC dropout, which auto_protocol keeps at table3.
@@ -193,14 +200,16 @@ def test_auto_gives_the_head_where_auto_picks_wide_and_the_papers_likelihood_els
     # The head where it was measured to work (WHVI, NF-WHVI, MC dropout at table3; an ensemble has it anyway), not
     # where it broke (MFG at wide) nor where it was not measured.
     heads = {base: auto_likelihood("auto", wide_rows, base) for base in (*BASE_METHODS, ENSEMBLE)}
-    assert {base for base, likelihood in heads.items() if likelihood == "heteroscedastic"} == set(HEAD_METHODS)
+    assert {base for base, likelihood in heads.items() if likelihood != "gaussian"} == set(HEAD_METHODS)
     assert set(HEAD_METHODS) == {"whvi", "nf-whvi", "mcd", "ensemble"}
+    assert {base for base, likelihood in heads.items() if likelihood == BY_RESIDUALS} == set(RESIDUAL_METHODS)
+    assert RESIDUAL_METHODS == ("whvi",)
 
     def config(protocol, rows, **fields):
         return UCIConfig.from_protocol(protocol, "kin8nm", train_rows=rows, likelihood="auto", **fields)
 
     whvi = ("whvi",)
-    assert config("auto", wide_rows, methods=whvi).likelihood == "heteroscedastic"
+    assert config("auto", wide_rows, methods=whvi).likelihood == BY_RESIDUALS
     assert config("auto", few, methods=whvi).likelihood == "gaussian"
     assert config("wide", wide_rows).likelihood == "gaussian"  # a fixed protocol reproduces its stored runs
     assert config("wide", wide_rows).fingerprint("whvi", "k") == UCIConfig.from_protocol("wide", "k").fingerprint(
@@ -209,7 +218,7 @@ def test_auto_gives_the_head_where_auto_picks_wide_and_the_papers_likelihood_els
     # Per method: the command's default methods (mfg, mcd, whvi) train WHVI as `--methods whvi` does, MC dropout with
     # the head too, and MFG, +iblm and unmeasured guides with one noise scale, each with the fingerprint it has alone.
     default = config("auto", wide_rows)
-    assert [default.likelihood_of(m) for m in default.methods] == ["gaussian", "heteroscedastic", "heteroscedastic"]
+    assert [default.likelihood_of(m) for m in default.methods] == ["gaussian", "heteroscedastic", BY_RESIDUALS]
     alone = {m: config("auto", wide_rows, methods=(m,)) for m in ("whvi", "mfg", "whvi+iblm", "vsd")}
     assert {alone[m].likelihood_of(m) for m in ("mfg", "whvi+iblm", "vsd")} == {"gaussian"}
     mixed = config("auto", wide_rows, methods=("whvi", "mfg", "whvi+iblm", "vsd"))
@@ -221,8 +230,17 @@ def test_auto_gives_the_head_where_auto_picks_wide_and_the_papers_likelihood_els
         "; one noise scale for mfg, whvi+iblm, vsd, as a mean-variance head broke MFG at wide and is not measured with "
         "it at table3, has no fit in I-BLM (+iblm) and is not measured with vsd"
     )
-    assert config("auto", wide_rows, methods=("whvi", "ensemble")).method_likelihoods == ()
-    assert "one noise scale" not in config("auto", wide_rows, methods=("whvi", "ensemble")).protocol
+    with_ensemble = config("auto", wide_rows, methods=("whvi", "ensemble"))
+    assert with_ensemble.method_likelihoods == (("ensemble", "heteroscedastic"),)
+    assert "one noise scale" not in with_ensemble.protocol
+    assert with_ensemble.protocol.endswith(
+        "; the mean-variance head for ensemble, as the choice on the residuals does not apply to ensemble, which has "
+        "the head either way"
+    )
+    assert config("auto", wide_rows, methods=("mcd", "nf-whvi", "whvi")).protocol.endswith(
+        "; the mean-variance head for mcd, nf-whvi, as the choice on the residuals would cost MC dropout, which gains "
+        "from the head where the noise is one level too and is not measured with nf-whvi"
+    )
     with pytest.raises(TypeError, match="likelihood 'auto' needs train_rows"):
         UCIConfig.from_protocol("table3", "kin8nm", likelihood="auto")
     # Classification sets take the categorical likelihood whatever --likelihood auto would say.

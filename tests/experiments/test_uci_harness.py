@@ -432,7 +432,7 @@ def test_auto_protocol_picks_table3_or_a_larger_network_by_the_training_rows(tmp
     assert main([*args, "--out", str(tmp_path / "small")]) == 0
     assert json.loads(stored.read_text()) == first  # MFG keeps table3 beside a deep WHVI: read back again
     header = (tmp_path / "small" / "uci_diabetes.md").read_text()
-    # --likelihood auto gives WHVI the head with deep, but not MFG, and the header says why
+    # --likelihood auto gives WHVI the choice on the residuals with deep, but not MFG, and the header says why
     notes = (
         "table3 for mfg, as wide was worse than table3 for MC dropout and MFG; one noise scale for mfg, as a "
         "mean-variance head broke MFG at wide and is not measured with it at table3"
