@@ -164,7 +164,7 @@ def train_choosing_likelihood(
     :param store: a JSON file that keeps the gain and the first training's seconds (:func:`store_gain`), so that a
         rerun of a split that chose the head resumes the head's training instead of repeating the first.
     :returns: the training kept, and the row's ``likelihood`` (the one chosen) and ``noise_gain``; its seconds
-        include the first training's and the check's where the head was trained.
+        include the check's, and the first training's where the head was trained.
     """
     fingerprint = settings.fingerprint(spec.name, data_key(source, split))
     shared: list[tuple[float, float] | None] = [read_gain(store, fingerprint) if distributed.rank() == 0 else None]
@@ -180,6 +180,7 @@ def train_choosing_likelihood(
             if distributed.world_size() > 1:
                 dist.broadcast_object_list(gain, src=0)
             checked = (gain[0], trained.seconds + time.perf_counter() - start)
+            trained.seconds = checked[1]  # the check is part of the split's cost
             if distributed.rank() == 0:
                 store_gain(store, fingerprint, *checked)
         if checked[0] < NOISE_GAIN_THRESHOLD:

@@ -1,6 +1,7 @@
 """The protocols of ``whvi uci`` (network and schedule) and its likelihoods, with the rules by which
-``--protocol auto`` and ``--likelihood auto`` choose by the training rows. :class:`~.uci_config.UCIConfig` holds
-what they resolve to."""
+``--protocol auto`` and ``--likelihood auto`` choose by the training rows (WHVI's likelihood then per split, on the
+residuals: :mod:`~pyro_whvi.experiments.likelihood_choice`). :class:`~.uci_config.UCIConfig` holds what they
+resolve to."""
 
 from __future__ import annotations
 

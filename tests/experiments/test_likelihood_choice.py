@@ -20,7 +20,7 @@ from pyro_whvi.experiments.likelihood_choice import (
 )
 from pyro_whvi.experiments.methods import Schedule, parse_method
 from pyro_whvi.experiments.uci_config import BY_RESIDUALS, UCIConfig
-from pyro_whvi.experiments.uci_data import load_dataset_split
+from pyro_whvi.experiments.uci_data import data_key, load_dataset_split
 
 from ..helpers import whvi_in_process
 
@@ -142,7 +142,9 @@ def test_a_rerun_reads_the_check_back(tmp_path, monkeypatch):
     monkeypatch.setattr(likelihood_choice, "residual_gain", lambda *args: pytest.fail("checked again"))
     again, chosen_again = train_choosing_likelihood(source, spec, 0, CONFIG, None, data, store=store)
     assert trained == ["heteroscedastic"] and chosen_again == chosen
-    assert again.seconds > first.seconds - again.seconds  # the stored first training's seconds are counted
+    stored = likelihood_choice.read_gain(store, CONFIG.fingerprint("whvi", data_key(source, 0)))
+    assert stored is not None and stored[0] == chosen["noise_gain"]
+    assert again.seconds > stored[1] and first.seconds > stored[1]  # the one scale's training and check counted
     # Another setting is another run: the stored check is not used.
     trained.clear()
     monkeypatch.undo()
