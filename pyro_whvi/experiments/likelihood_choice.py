@@ -44,6 +44,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "NOISE_GAIN_THRESHOLD",
+    "check_store",
     "noise_features",
     "noise_variation_gain",
     "read_gain",
@@ -116,6 +117,11 @@ def noise_variation_gain(x: torch.Tensor, residuals: torch.Tensor, iterations: i
         if current - previous < 1e-12:
             break
     return float(current - one_variance) - (rank - 1) / (2 * rows)
+
+
+def check_store(selection_store: Path) -> Path:
+    """Where a split's check is kept: beside its choice of settings (``selection_store``), ``*.likelihood.json``."""
+    return selection_store.with_suffix(".likelihood.json")
 
 
 def read_gain(path: Path | None, fingerprint: str) -> tuple[float, float] | None:

@@ -42,7 +42,7 @@ from ..train.files import notice
 from ..train.folder_lock import folder_lock
 from .arguments import check_device
 from .ensemble import remove_checkpoints
-from .likelihood_choice import NOISE_GAIN_THRESHOLD, train_choosing_likelihood
+from .likelihood_choice import NOISE_GAIN_THRESHOLD, check_store, train_choosing_likelihood
 from .memory_checks import check_uci_memory
 from .methods import MethodSpec, parse_method
 from .noisy_sets import NOISE_FILE, noise_floor, split_noise_std
@@ -108,7 +108,7 @@ def run_split(
     where there are protocols), every candidate's validation score and the seconds the candidates took (counted in
     ``train_seconds``). A method with the likelihood ``"by-residuals"`` (regression) is trained by
     :func:`~pyro_whvi.experiments.likelihood_choice.train_choosing_likelihood` (its check kept in
-    ``selection_store`` with the suffix ``.likelihood.json``); the row names the ``likelihood`` chosen and the
+    :func:`~pyro_whvi.experiments.likelihood_choice.check_store`); the row names the ``likelihood`` chosen and the
     ``noise_gain`` it was chosen by.
     In a process group every rank trains its shard and only rank 0 evaluates (the others return ``({}, {})``).
     """
@@ -127,7 +127,7 @@ def run_split(
             choice = f"kl{settings.kl_weight!r}" if not config.protocols else label
             checkpoint = replace(checkpoint, key=f"{checkpoint.key}:{choice}")
     if data.task == "regression" and settings.likelihood_of(spec.name) == BY_RESIDUALS:
-        store = selection_store.with_suffix(".likelihood.json") if selection_store is not None else None
+        store = check_store(selection_store) if selection_store is not None else None
         trained, likelihood = train_choosing_likelihood(source, spec, split, settings, checkpoint, data, label, store)
         chosen.update(likelihood)
     else:
@@ -233,7 +233,7 @@ def _run_jobs(source: str | Path, config: UCIConfig, out: Path) -> tuple[list[di
                 write_atomic(path, json.dumps(saved, indent=2))
                 remove_checkpoints(path.with_suffix(".ckpt"))  # and an ensemble's members'
                 store.unlink(missing_ok=True)  # the choice's scores are in the row
-                store.with_suffix(".likelihood.json").unlink(missing_ok=True)  # and the likelihood's
+                check_store(store).unlink(missing_ok=True)  # and the likelihood's check
         rows.append(saved["row"])
         if "reliability" in saved:
             reliability.setdefault(method, []).append(saved["reliability"])
@@ -250,8 +250,8 @@ def _run_jobs(source: str | Path, config: UCIConfig, out: Path) -> tuple[list[di
             f"{method}: " + ", ".join(_choice(row, config) for row in rows if row["method"] == method)
             for method in config.methods
         )
-    checked = [m for m in config.methods if any("noise_gain" in row for row in rows if row["method"] == m)]
     shown = [row for row in rows if "noise_gain" in row]
+    checked = [method for method in config.methods if any(row["method"] == method for row in shown)]
     if checked:
         text += (
             "\n\nLikelihood chosen per split on the training residuals (one noise scale, the mean-variance head where "
