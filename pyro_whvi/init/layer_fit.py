@@ -210,16 +210,17 @@ def fit_layer(guide, layer, likelihood, stream, is_output, settings, bar) -> Lay
             rhs = rhs[:, :fan_in] - likelihood_precision[:, :fan_in, fan_in] * mean[:, fan_in : fan_in + 1]
         data_rhs[units] = rhs
         bar.update(count)
-    mean, diag, data_precision = means, diagonals, data_precisions
     gaussian = LayerGaussian(
-        weight_mean=mean[:, :fan_in].reshape(layer.weight_shape),
-        weight_precision=diag[:, :fan_in].reshape(layer.weight_shape),
+        weight_mean=means[:, :fan_in].reshape(layer.weight_shape),
+        weight_precision=diagonals[:, :fan_in].reshape(layer.weight_shape),
         row_data_precision=(
-            data_precision[:, :fan_in, :fan_in] if full_rows else data_precision[:, :fan_in].reshape(layer.weight_shape)
+            data_precisions[:, :fan_in, :fan_in]
+            if full_rows
+            else data_precisions[:, :fan_in].reshape(layer.weight_shape)
         ),
         row_data_rhs=data_rhs.reshape(layer.weight_shape),
     )
     if layer.bias_site is not None:
-        gaussian.bias_mean, gaussian.bias_precision = mean[:, -1], diag[:, -1]
-        gaussian.bias_data_precision = data_precision[:, -1, -1] if full_rows else data_precision[:, -1]
+        gaussian.bias_mean, gaussian.bias_precision = means[:, -1], diagonals[:, -1]
+        gaussian.bias_data_precision = data_precisions[:, -1, -1] if full_rows else data_precisions[:, -1]
     return gaussian
