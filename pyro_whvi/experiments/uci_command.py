@@ -114,7 +114,8 @@ def add_uci_command(commands) -> None:
         f"whvi, nf-whvi and whvi-lowrank, deep for whvi from {AUTO_DEEP_FROM_ROWS:,} (table3 for the others, chosen "
         "per method); "
         "table3: the WHVI paper's Table 3, 2x128, lr 1e-3, 50,500 steps; table6: its Table 6 / "
-        "App. D.2, 1x50 (1x100 for protein), the same schedule; wide: 2x1024, lr 3e-3, 50,500 steps; deep: 3x1024, "
+        "App. D.2, 1x50 (1x100 for protein), the same schedule; narrow: 2x128, lr 3e-3, 50,500 steps; wide: 2x1024, "
+        "lr 3e-3, 50,500 steps; deep: 3x1024, "
         "lr 3e-3, 50,500 steps, --cooldown 0.2. --hidden, --layers, --steps, --lr and --cooldown override the "
         "protocol. Several, e.g. table3,wide: each split chooses one on a --val-fraction of its training rows "
         "(every candidate trained there, with every --kl-weight), then trains with it; the table names the choices",

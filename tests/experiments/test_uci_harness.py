@@ -339,8 +339,11 @@ def test_several_protocols_are_chosen_per_split_on_validation_rows(tmp_path, mon
     assert "protocol chosen per split from table6" in (tmp_path / "cli" / "uci_diabetes.md").read_text()
     capsys.readouterr()
     for bad, message in (
-        ("table3,table9", "auto alone, or one of table3, table6, wide, deep, or several of them separated by commas"),
-        ("", "auto alone, or one of table3, table6, wide"),
+        (
+            "table3,table9",
+            "auto alone, or one of table3, table6, narrow, wide, deep, or several of them separated by commas",
+        ),
+        ("", "auto alone, or one of table3, table6, narrow, wide"),
         ("auto,wide", "auto alone"),
     ):
         with pytest.raises(SystemExit) as exit_code:
@@ -690,7 +693,12 @@ def test_protocols_and_the_deprecated_preset_flag(tmp_path, capsys):
     # deep: wide with a third layer and the learning rate cooled down over the last 20% of the steps.
     assert protocol_settings("deep", "yacht") == {**wide, "layers": 3, "cooldown": 0.2}
     assert protocol_settings("deep", "yacht", cooldown=0.0)["cooldown"] == 0.0
-    with pytest.raises(ValueError, match="--protocol: choose from table3, table6, wide, deep"):
+    # narrow: table3's network and steps at wide's learning rate, trained and fingerprinted as table3 --lr 3e-3.
+    assert protocol_settings("narrow", "yacht") == {**protocol_settings("table3", "yacht"), "lr": wide["lr"]}
+    narrow = UCIConfig.from_protocol("narrow", "yacht", methods=("whvi",))
+    like = UCIConfig.from_protocol("table3", "yacht", lr=3e-3, methods=("whvi",), protocol="narrow")
+    assert narrow == like and narrow.fingerprint("whvi", "k") == like.fingerprint("whvi", "k")
+    with pytest.raises(ValueError, match="--protocol: choose from table3, table6, narrow, wide, deep"):
         protocol_settings("table9", "yacht")
     with pytest.raises(TypeError, match="unknown settings"):
         protocol_settings("table3", "yacht", width=3)
