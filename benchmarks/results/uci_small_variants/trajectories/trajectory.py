@@ -16,6 +16,7 @@ import os
 import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -27,6 +28,7 @@ from pyro_whvi.experiments.cli import main
 from pyro_whvi.experiments.uci_data import load_dataset_split
 from pyro_whvi.experiments.uci_report import evaluate
 from pyro_whvi.experiments.uci_train import TrainedSplit, predict_split, train_split
+from pyro_whvi.train.files import write_atomic
 
 data_dir, split, steps, every, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
 data = load_dataset_split(data_dir, split, standardize_targets=True)
@@ -66,5 +68,4 @@ for point in points:
     window = losses[max(0, point["step"] - 5000) : point["step"]]
     point["loss_mean_last5k"] = sum(window) / len(window)
 result = {"data": data_dir, "split": split, "extra": os.environ.get("EXTRA", ""), "points": points}
-with open(out, "w") as file:
-    json.dump({**result, "cpu_seconds": time.process_time() - start}, file, indent=1)
+write_atomic(Path(out), json.dumps({**result, "cpu_seconds": time.process_time() - start}, indent=1))
