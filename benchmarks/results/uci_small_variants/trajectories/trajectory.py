@@ -4,7 +4,8 @@ and training loss at every ``EVERY`` steps along the way, as ``OUT_JSON``.
 Without a cool-down the learning rate depends on the step only, so the state at step ``t`` is that of a run of ``t``
 steps; the evaluations draw with the random state saved and restored, so the run goes on as it would have (checked:
 the last point equals ``whvi uci --steps STEPS``'s row to the last digit). Extra ``whvi uci`` options (``--lr 3e-3``)
-go in ``$EXTRA``.
+go in ``$EXTRA``; with ``$ROWS`` set, each point also holds every test row's target, sample mean and std of
+f, and NLL (standardized units).
 
 usage: python trajectory.py DATA_DIR SPLIT STEPS EVERY OUT_JSON
 """
@@ -12,6 +13,7 @@ usage: python trajectory.py DATA_DIR SPLIT STEPS EVERY OUT_JSON
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import tempfile
@@ -47,10 +49,21 @@ def train_with_milestones(model, guide, x, y, schedule, **options):
             metrics = evaluate(data, f, noise)
         set_rng_state(state)
         points.append({"step": step, **metrics, "noise_standardized": float(model.noise_scale.detach())})
+        if os.environ.get("ROWS"):
+            points[-1]["rows"] = test_rows(f, float(noise))
         print(points[-1], flush=True)
 
     held["losses"] = engine_train(model, guide, x, y, schedule, callback=milestone, **options)
     return held["losses"]
+
+
+def test_rows(f: torch.Tensor, noise: float) -> dict[str, list[float]]:
+    """Per test row (standardized units): the target, the mean and std of the samples of f, and the row's NLL."""
+    f = f.reshape(f.shape[0], -1)
+    y = data.y_test.reshape(-1)
+    log_density = torch.distributions.Normal(f, noise).log_prob(y)
+    nll = -(torch.logsumexp(log_density, 0) - math.log(f.shape[0]))
+    return {"y": y.tolist(), "f_mean": f.mean(0).tolist(), "f_std": f.std(0).tolist(), "nll": nll.tolist()}
 
 
 def train_split_keeping_config(source, spec, split_, config, *args, **kwargs):
