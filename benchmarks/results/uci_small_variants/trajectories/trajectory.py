@@ -50,15 +50,17 @@ def train_with_milestones(model, guide, x, y, schedule, **options):
         set_rng_state(state)
         points.append({"step": step, **metrics, "noise_standardized": float(model.noise_scale.detach())})
         if os.environ.get("ROWS"):
-            points[-1]["rows"] = test_rows(f, float(noise))
+            points[-1]["rows"] = test_rows(f, noise)
         print(points[-1], flush=True)
 
     held["losses"] = engine_train(model, guide, x, y, schedule, callback=milestone, **options)
     return held["losses"]
 
 
-def test_rows(f: torch.Tensor, noise: float) -> dict[str, list[float]]:
+def test_rows(f: torch.Tensor, noise: torch.Tensor | None) -> dict[str, list[float]]:
     """Per test row (standardized units): the target, the mean and std of the samples of f, and the row's NLL."""
+    if noise is None:
+        raise ValueError("$ROWS keeps a regression's test rows; this data set is a classification")
     f = f.reshape(f.shape[0], -1)
     y = data.y_test.reshape(-1)
     log_density = torch.distributions.Normal(f, noise).log_prob(y)
