@@ -13,7 +13,6 @@ usage: python trajectory.py DATA_DIR SPLIT STEPS EVERY OUT_JSON
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
 import tempfile
@@ -30,6 +29,7 @@ from pyro_whvi.experiments.cli import main
 from pyro_whvi.experiments.uci_data import load_dataset_split
 from pyro_whvi.experiments.uci_report import evaluate
 from pyro_whvi.experiments.uci_train import TrainedSplit, predict_split, train_split
+from pyro_whvi.metrics import gaussian_mnll
 from pyro_whvi.train.files import write_atomic
 
 data_dir, split, steps, every, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
@@ -63,9 +63,9 @@ def test_rows(f: torch.Tensor, noise: torch.Tensor | None) -> dict[str, list[flo
         raise ValueError("$ROWS keeps a regression's test rows; this data set is a classification")
     f = f.reshape(f.shape[0], -1)
     y = data.y_test.reshape(-1)
-    log_density = torch.distributions.Normal(f, noise).log_prob(y)
-    nll = -(torch.logsumexp(log_density, 0) - math.log(f.shape[0]))
-    return {"y": y.tolist(), "f_mean": f.mean(0).tolist(), "f_std": f.std(0).tolist(), "nll": nll.tolist()}
+    rows = range(len(y))
+    nll = [gaussian_mnll(f[:, [i]], noise if noise.dim() < 2 else noise[:, [i]], y[[i]]) for i in rows]
+    return {"y": y.tolist(), "f_mean": f.mean(0).tolist(), "f_std": f.std(0).tolist(), "nll": nll}
 
 
 def train_split_keeping_config(source, spec, split_, config, *args, **kwargs):
