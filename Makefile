@@ -49,7 +49,7 @@ lint:
 # lint and docs only read the tree: they run side by side (one core each), their output grouped per target.
 test: install-dev build-kernels
 	$(MAKE) --jobs=2 --output-sync=target lint docs
-	PYRO_WHVI_REQUIRE_COMPILED=1 $(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile --durations=25
+	PYRO_WHVI_REQUIRE_COMPILED=1 $(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25
 
 # The quick loop while developing: the tests not marked `slow` (see pyproject.toml), in the environment as
 # it is (no install, no lint). `make test` runs the slow ones too.
