@@ -37,7 +37,9 @@ def _start_build(extensions: Path, log: Path) -> subprocess.Popen:
 
 
 def _wait_for(condition, build: subprocess.Popen, log: Path, what: str) -> None:
-    deadline = time.monotonic() + 120
+    # A build's own time limit: the second build waits for the first's orphaned compilers before it says
+    # "compiling", and with the other test worker busy they took over 120 s here (2026-12-05).
+    deadline = time.monotonic() + BUILD_TIMEOUT_S
     while not condition():
         assert build.poll() is None, f"the build ended before {what}: {log.read_text()[-2000:]!r}"
         assert time.monotonic() < deadline, f"never saw {what}"
