@@ -37,7 +37,13 @@ def check_uci_memory(config: UCIConfig, sizes: SplitSizes, available: int | None
     else:
         settings = [config]
     for each in settings:
-        _check_uci_memory(each, sizes, available, validation_rows=config.choosing, val_fraction=config.val_fraction)
+        _check_uci_memory(
+            each,
+            sizes,
+            available,
+            validation_rows=(config.choosing or config.calibrate_noise),
+            val_fraction=config.val_fraction,
+        )
 
 
 def _check_uci_memory(

@@ -45,6 +45,7 @@ from .ensemble import remove_checkpoints
 from .likelihood_choice import NOISE_GAIN_THRESHOLD, check_store, train_choosing_likelihood
 from .memory_checks import check_uci_memory
 from .methods import MethodSpec, parse_method
+from .noise_calibration import calibrate_noise, calibration_store
 from .noisy_sets import NOISE_FILE, noise_floor, split_noise_std
 from .reporting import check_writable, save_tables, write_atomic
 from .uci_config import BY_RESIDUALS, ENGINE_VERSION, UCIConfig
@@ -58,7 +59,7 @@ from .uci_data import (
     load_dataset_split,
     parse_splits,
 )
-from .uci_report import evaluate, plot_reliability, summarize, summary_table, with_floor
+from .uci_report import choices_text, evaluate, plot_reliability, summarize, summary_table, with_floor
 from .uci_train import (
     TrainedSplit,
     check_validation,
@@ -109,7 +110,10 @@ def run_split(
     ``train_seconds``). A method with the likelihood ``"by-residuals"`` (regression) is trained by
     :func:`~pyro_whvi.experiments.likelihood_choice.train_choosing_likelihood` (its check kept in
     :func:`~pyro_whvi.experiments.likelihood_choice.check_store`); the row names the ``likelihood`` chosen and the
-    ``noise_gain`` it was chosen by.
+    ``noise_gain`` it was chosen by. With ``config.calibrate_noise`` the noise is calibrated on held-out rows first
+    (:func:`~pyro_whvi.experiments.noise_calibration.calibrate_noise`, kept beside ``selection_store``) and the
+    predictive's noise multiplied by the row's ``noise_factor``; its ``calibration_seconds`` count in
+    ``train_seconds``.
     In a process group every rank trains its shard and only rank 0 evaluates (the others return ``({}, {})``).
     """
     chosen: dict[str, Any] = {}
@@ -126,6 +130,10 @@ def run_split(
         if checkpoint is not None:  # a run begun with another choice is not resumed with this one
             choice = f"kl{settings.kl_weight!r}" if not config.protocols else label
             checkpoint = replace(checkpoint, key=f"{checkpoint.key}:{choice}")
+    calibration: dict[str, Any] = {}
+    if config.calibrate_noise:  # before the split's own training, which seeds itself: its draws are unchanged
+        store = calibration_store(selection_store) if selection_store is not None else None
+        calibration = calibrate_noise(source, spec, split, settings, data, label, store)
     if data.task == "regression" and settings.likelihood_of(spec.name) == BY_RESIDUALS:
         store = check_store(selection_store) if selection_store is not None else None
         trained, likelihood = train_choosing_likelihood(source, spec, split, settings, checkpoint, data, label, store)
@@ -137,6 +145,8 @@ def run_split(
     data, guide, losses = trained.data, trained.guide, trained.losses
     regression = data.task == "regression"
     f, noise = predict_split(trained, data.x_test, config)
+    if calibration:
+        noise = noise * calibration["noise_factor"]
     extra = {} if regression else {"reliability": [t.tolist() for t in reliability_diagram(f, data.y_test)]}
     row = {
         "method": spec.name,
@@ -144,8 +154,11 @@ def run_split(
         **evaluate(data, f, noise),
         "final_loss": sum(losses[-100:]) / len(losses[-100:]),
         "variational_parameters": sum(p.numel() for p in guide.parameters()),
-        "train_seconds": trained.seconds + chosen.get("selection_seconds", 0.0),
+        "train_seconds": trained.seconds
+        + chosen.get("selection_seconds", 0.0)
+        + calibration.get("calibration_seconds", 0.0),
         **chosen,
+        **calibration,
     }
     return row, extra
 
@@ -199,11 +212,6 @@ def run_uci(
         return _run_jobs(source, config, out)
 
 
-def _choice(row: dict[str, Any], config: UCIConfig) -> str:
-    weight = f"{row['kl_weight']:g}" if len(config.kl_weights) > 1 else ""
-    return " ".join(filter(None, [row.get("protocol", "") if config.protocols else "", weight]))
-
-
 def _run_jobs(source: str | Path, config: UCIConfig, out: Path) -> tuple[list[dict[str, Any]], str]:
     leader = distributed.rank() == 0
     name = dataset_name(source)
@@ -234,6 +242,7 @@ def _run_jobs(source: str | Path, config: UCIConfig, out: Path) -> tuple[list[di
                 remove_checkpoints(path.with_suffix(".ckpt"))  # and an ensemble's members'
                 store.unlink(missing_ok=True)  # the choice's scores are in the row
                 check_store(store).unlink(missing_ok=True)  # and the likelihood's check
+                calibration_store(store).unlink(missing_ok=True)  # and the noise's calibration
         rows.append(saved["row"])
         if "reliability" in saved:
             reliability.setdefault(method, []).append(saved["reliability"])
@@ -244,28 +253,7 @@ def _run_jobs(source: str | Path, config: UCIConfig, out: Path) -> tuple[list[di
         rows = [with_floor(row, sigmas[row["split"]]) for row in rows]
     summary = summarize(rows, config.methods)
     text = summary_table(name, summary, config)
-    if config.choosing:
-        what = " and ".join(["protocol"] * bool(config.protocols) + ["KL weight"] * (len(config.kl_weights) > 1))
-        text += f"\n\n{what[0].upper()}{what[1:]} chosen per split on validation: " + "; ".join(
-            f"{method}: " + ", ".join(_choice(row, config) for row in rows if row["method"] == method)
-            for method in config.methods
-        )
-    shown = [row for row in rows if "noise_gain" in row]
-    checked = [method for method in config.methods if any(row["method"] == method for row in shown)]
-    if checked:
-        text += (
-            "\n\nLikelihood chosen per split on the training residuals (one noise scale, the mean-variance head where "
-            f"a variance model of the inputs gains {NOISE_GAIN_THRESHOLD} nats a row; the gain): "
-            + "; ".join(
-                f"{method}: "
-                + ", ".join(
-                    f"{'head' if row['likelihood'] == 'heteroscedastic' else 'one scale'} ({row['noise_gain']:.3f})"
-                    for row in shown
-                    if row["method"] == method
-                )
-                for method in checked
-            )
-        )
+    text += choices_text(rows, config, NOISE_GAIN_THRESHOLD)
     sigma = next(iter(sigmas.values()), None)
     if isinstance(sigma, float):
         floor = noise_floor(sigma)

@@ -49,9 +49,8 @@ DEVICES = ("cpu", "cuda")
 
 # Bumped when a method's construction changes, so that its stored splits are trained again.
 _VERSIONS = {name: 2 for name in ("whvi", "nf-whvi", "whvi+iblm", "nf-whvi+iblm")}
-# Bumped when the training loop changes every method's numbers. 2: pyro_whvi.train.engine (the noise scale's
-# Adam state no longer starts from the gradient summed over the fixed-noise phase). 3: torch's fused Adam (issue 50:
-# the same update, rounded differently), and NF-WHVI's flows on the fused planar op (rounded differently).
+# Bumped when the training loop changes every method's numbers. 2: the noise scale's Adam state no longer starts from
+# the fixed-noise phase's summed gradient. 3: torch's fused Adam and NF-WHVI's fused planar op (rounded differently).
 ENGINE_VERSION = 3
 _NOT_FINGERPRINTED = ("methods", "splits", "checkpoint_every", "progress", "protocol")
 # Settings added after results were stored, with the value every earlier run had: at that value they stay out of
@@ -64,6 +63,7 @@ _LATER_SETTINGS = dict(
     likelihood="gaussian",
     method_likelihoods=(),
     method_protocols=(),
+    calibrate_noise=False,
 )
 _LATER_SCHEDULE_SETTINGS = {"cooldown": 0.0}
 
@@ -89,8 +89,8 @@ class UCIConfig:
     costs on a data set. Several weights (a tuple; a number is one) are candidates: each split holds out a
     ``val_fraction`` of its training rows (seeded with ``seed + split``), trains every candidate on the rest,
     keeps the weight with the best validation MNLL (NLL for classification; ties: the first) and trains on all
-    its training rows with it, as the VSD paper chooses its temperature by cross-validation (§4, App. I.2).
-    ``val_fraction`` is read only then; the choice needs ``nproc`` 1.
+    its training rows with it, as the VSD paper chooses its temperature by cross-validation (§4, App. I.2), in one
+    process (``nproc`` 1).
 
     ``protocols``: candidate networks and schedules (each ``{"name", "layers", "hidden", "steps", "lr"}``, as
     :meth:`from_protocol` makes them from ``whvi uci --protocol table3,wide``), chosen per split the same way,
@@ -120,6 +120,9 @@ class UCIConfig:
     ``method_protocols``, ``(method, protocol)`` pairs (as in ``protocols``), another network and schedule (as
     :func:`auto_protocol` does). A method trains with, and is fingerprinted by, its own settings (:meth:`for_method`),
     so its stored splits do not depend on the others in the run.
+
+    ``calibrate_noise``: scale each split's noise by a factor chosen on held-out rows (``val_fraction``; regression,
+    ``nproc`` 1; :mod:`~pyro_whvi.experiments.noise_calibration`).
     """
 
     methods: tuple[str, ...] = ("mfg", "mcd", "whvi")
@@ -146,6 +149,7 @@ class UCIConfig:
     likelihood: str = "gaussian"
     method_likelihoods: tuple[tuple[str, str], ...] = ()
     method_protocols: tuple[tuple[str, dict[str, Any]], ...] = ()
+    calibrate_noise: bool = False
 
     def __post_init__(self) -> None:
         # Each method and split once: a repeated one would be read back and counted as another split.
@@ -174,13 +178,12 @@ class UCIConfig:
             check_protocol(protocol)
         if len({protocol["name"] for protocol in self.protocols}) < len(self.protocols):
             raise ValueError(f"UCIConfig: protocol names must differ, got {[p['name'] for p in self.protocols]}.")
-        if self.choosing and not 0 < self.val_fraction < 1:
+        if (self.choosing or self.calibrate_noise) and not 0 < self.val_fraction < 1:
             raise ValueError(f"UCIConfig: val_fraction in (0, 1) expected, got {self.val_fraction!r}.")
-        if self.choosing and self.nproc > 1:
-            raise ValueError(
-                "UCIConfig: choosing among several KL weights or protocols runs in one process; give nproc 1, or one "
-                "candidate."
-            )
+        if (self.choosing or self.calibrate_noise) and self.nproc > 1:
+            what = "choosing among several KL weights or protocols" if self.choosing else "calibrate_noise"
+            fix = ", or one candidate." if self.choosing else " (or no --calibrate-noise)."
+            raise ValueError(f"UCIConfig: {what} runs in one process; give nproc 1{fix}")
         object.__setattr__(self, "method_likelihoods", tuple((str(m), str(v)) for m, v in self.method_likelihoods))
         check_likelihoods(self.likelihood, self.method_likelihoods, self.methods)
         heads = [m for m in self.methods if self.likelihood_of(m) in ("heteroscedastic", BY_RESIDUALS)]
@@ -210,8 +213,7 @@ class UCIConfig:
         return tuple(self.kl_weight) if isinstance(self.kl_weight, (tuple, list)) else (self.kl_weight,)
 
     def likelihood_of(self, method: str) -> str:
-        """The likelihood ``method`` trains with (regression): its entry in ``method_likelihoods``, else
-        ``likelihood``."""
+        """The likelihood ``method`` trains with (regression): its ``method_likelihoods`` entry, else ``likelihood``."""
         return dict(self.method_likelihoods).get(method, self.likelihood)
 
     def for_method(self, method: str) -> UCIConfig:
@@ -302,7 +304,7 @@ class UCIConfig:
         """A short hash of everything that changes the result of ``method`` on one split: the settings
         and ``data``, a key of the split's data (:func:`data_key`)."""
         settings = asdict(self.for_method(method))
-        if not self.choosing:  # read only when choosing among several candidates
+        if not (self.choosing or self.calibrate_noise):  # read only when holding rows out
             del settings["val_fraction"]
         settings = {k: v for k, v in settings.items() if k not in _NOT_FINGERPRINTED}
         # Candidates without a cool-down are fingerprinted as before protocols had one.

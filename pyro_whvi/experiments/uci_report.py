@@ -30,6 +30,7 @@ __all__ = [
     "CLASSIFICATION_METRICS",
     "FLOOR_METRICS",
     "REGRESSION_METRICS",
+    "choices_text",
     "evaluate",
     "plot_reliability",
     "summarize",
@@ -164,3 +165,48 @@ def plot_reliability(path: Path, reliability: dict[str, list]) -> None:
     fig.savefig(image, format="png", dpi=110)
     plt.close(fig)
     write_atomic(path, image.getvalue())
+
+
+def _choice(row: dict[str, Any], config: UCIConfig) -> str:
+    weight = f"{row['kl_weight']:g}" if len(config.kl_weights) > 1 else ""
+    return " ".join(filter(None, [row.get("protocol", "") if config.protocols else "", weight]))
+
+
+def _per_method(rows: list[dict[str, Any]], methods: tuple[str, ...], key: str, shown) -> str:
+    """``method: shown(row), ...; ...`` over the methods with a row that has ``key``."""
+    return "; ".join(
+        f"{method}: " + ", ".join(shown(row) for row in rows if row["method"] == method and key in row)
+        for method in methods
+        if any(row["method"] == method and key in row for row in rows)
+    )
+
+
+def choices_text(rows: list[dict[str, Any]], config: UCIConfig, gain_threshold: float) -> str:
+    """The summary's notes on what each split chose: its candidate (``config.choosing``), its likelihood (the rows
+    with a ``noise_gain``; ``gain_threshold`` the gain that trains the head) and its noise's calibration factor (the
+    rows with a ``noise_factor``), each a paragraph after two newlines; ``""`` if none."""
+    text = ""
+    if config.choosing:
+        what = " and ".join(["protocol"] * bool(config.protocols) + ["KL weight"] * (len(config.kl_weights) > 1))
+        text += f"\n\n{what[0].upper()}{what[1:]} chosen per split on validation: " + "; ".join(
+            f"{method}: " + ", ".join(_choice(row, config) for row in rows if row["method"] == method)
+            for method in config.methods
+        )
+    likelihoods = _per_method(
+        rows,
+        config.methods,
+        "noise_gain",
+        lambda row: f"{'head' if row['likelihood'] == 'heteroscedastic' else 'one scale'} ({row['noise_gain']:.3f})",
+    )
+    if likelihoods:
+        text += (
+            "\n\nLikelihood chosen per split on the training residuals (one noise scale, the mean-variance head where "
+            f"a variance model of the inputs gains {gain_threshold} nats a row; the gain): {likelihoods}"
+        )
+    factors = _per_method(rows, config.methods, "noise_factor", lambda row: f"{row['noise_factor']:.3g}")
+    if factors:
+        text += (
+            "\n\nNoise calibrated per split on held-out training rows (--calibrate-noise; the factor its noise was "
+            f"multiplied by): {factors}"
+        )
+    return text

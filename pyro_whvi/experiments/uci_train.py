@@ -156,18 +156,25 @@ def validation_part(data: UCIData, fraction: float, seed: int) -> UCIData:
     if len(val_rows) < 1 or len(fit_rows) < 2:
         raise ValueError(
             f"val_fraction (--val-fraction) {fraction} of {len(data.y_train)} training rows leaves {len(fit_rows)} "
-            f"to train on and {len(val_rows)} to validate on; choose one that leaves at least 2 and 1, or one KL weight"
+            f"to train on and {len(val_rows)} to validate on; choose one that leaves at least 2 and 1, or hold no "
+            "rows out (one KL weight and protocol, no --calibrate-noise)"
         )
     x, y = data.x_train, data.y_train
     return replace(data, x_train=x[fit_rows], y_train=y[fit_rows], x_test=x[val_rows], y_test=y[val_rows])
 
 
 def check_validation(source: str | Path, config: UCIConfig) -> None:
-    """A ``ValueError`` before any training when ``config`` chooses among candidates and its ``val_fraction``
-    leaves a split too few rows to train on or to validate on (:func:`validation_part`)."""
-    if config.choosing:
+    """A ``ValueError`` before any training when ``config`` holds rows out (to choose among candidates or calibrate
+    the noise) and its ``val_fraction`` leaves a split too few rows to train on or to validate on
+    (:func:`validation_part`), or calibrates the noise of a classification set."""
+    if config.choosing or config.calibrate_noise:
         for split in config.splits:
             data = load_dataset_split(source, split, standardize_targets=config.standardize_targets)
+            if config.calibrate_noise and data.task != "regression":
+                raise ValueError(
+                    f"--calibrate-noise calibrates a regression likelihood's noise; {source} is a classification set: "
+                    "drop the flag"
+                )
             validation_part(data, config.val_fraction, config.seed + split)
 
 

@@ -1,0 +1,122 @@
+"""``whvi uci --calibrate-noise``: the factor of the noise chosen on held-out training rows
+(:mod:`pyro_whvi.experiments.noise_calibration`)."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+
+import pytest
+import torch
+
+from pyro_whvi.experiments import noise_calibration, uci
+from pyro_whvi.experiments.methods import Schedule, parse_method
+from pyro_whvi.experiments.noise_calibration import NOISE_FACTORS, calibrate_noise, noise_factor
+from pyro_whvi.experiments.uci import UCIConfig, load_dataset_split, run_uci
+from pyro_whvi.metrics import gaussian_mnll
+
+# NOISE_FACTORS are log-spaced: the best factor on the grid is within half a step of the exact one in log.
+HALF_STEP = math.log(10.0) * 3 / 600 / 2
+
+
+def test_noise_factor_is_the_maximum_likelihood_scale_when_the_samples_agree():
+    """With every sample of f equal the predictive is one Gaussian, whose maximum-likelihood standard deviation
+    is the residuals' root mean square: the factor is that over the noise, to the grid's resolution. With a noise
+    per row (a head's) the maximum-likelihood factor is the root mean square of the standardized residuals."""
+    generator = torch.Generator().manual_seed(0)
+    mean = torch.randn(200, generator=generator, dtype=torch.float64)
+    y = mean + 0.3 * torch.randn(200, generator=generator, dtype=torch.float64)
+    f = mean.expand(8, -1)
+    for noise, exact in (
+        (torch.tensor(1.5, dtype=torch.float64), (y - mean).pow(2).mean().sqrt() / 1.5),
+        (
+            (per_row := 0.2 + torch.rand(200, generator=generator, dtype=torch.float64)).expand(8, -1),
+            ((y - mean) / per_row).pow(2).mean().sqrt(),
+        ),
+    ):
+        factor, calibrated, learned = noise_factor(f, noise, y)
+        assert abs(math.log(factor) - math.log(float(exact))) <= HALF_STEP + 1e-12
+        assert calibrated == pytest.approx(gaussian_mnll(f, noise * factor, y), rel=1e-12)
+        assert learned == pytest.approx(gaussian_mnll(f, noise, y), rel=1e-12)
+        assert calibrated < learned  # the noise given is 3-5 times too large
+    # A factor already right stays (within a grid step), and never leaves the grid.
+    factor, *_ = noise_factor(f, (y - mean).pow(2).mean().sqrt(), y)
+    assert abs(math.log(factor)) <= HALF_STEP + 1e-12
+    assert NOISE_FACTORS[0] <= noise_factor(f, 1e6, y)[0] == NOISE_FACTORS[0]
+
+
+def _config(**changes) -> UCIConfig:
+    schedule = Schedule(steps=40, fixed_noise_steps=10, batch_size=16, lr=0.05)
+    settings = dict(methods=("mfg",), splits=(0,), schedule=schedule, hidden=8, samples=8, val_fraction=0.25)
+    return UCIConfig(**{**settings, "progress": False, **changes})
+
+
+def test_the_factor_is_chosen_on_the_held_out_rows_and_scales_the_full_fits_noise(tmp_path, monkeypatch):
+    """The factor is the held-out rows' (the fit part trained as the candidates' choice trains it); the split is
+    then trained as without the flag (the same draws: the same RMSE and learned noise) and its noise multiplied by
+    the factor; the row names the factor and its cost, the table each split's. A stored calibration is read
+    back, not trained again."""
+    mfg = parse_method("mfg")
+    config = _config(calibrate_noise=True)
+    data = load_dataset_split("diabetes", 0)
+    part = uci.validation_part(data, 0.25, config.seed)
+    fit = uci.train_split("diabetes", mfg, 0, config, data=part)
+    f, noise = uci.predict_split(fit, part.x_test, config)
+    expected, calibrated, learned = noise_factor(f, noise, part.y_test)
+    assert expected != 1.0
+    run_uci("diabetes", config, tmp_path / "calibrated")
+    run_uci("diabetes", replace(config, calibrate_noise=False), tmp_path / "plain")
+    row, plain = (
+        json.loads((tmp_path / folder / "runs" / "diabetes" / "mfg" / "split0.json").read_text())["row"]
+        for folder in ("calibrated", "plain")
+    )
+    assert row["noise_factor"] == expected
+    shift = math.log(data.y_scale)
+    assert row["calibration_mnll"] == pytest.approx([learned + shift, calibrated + shift], rel=1e-9)
+    assert row["rmse"] == plain["rmse"] and row["final_loss"] == plain["final_loss"]
+    assert row["noise_scale"] == pytest.approx(plain["noise_scale"] * expected, rel=1e-6)
+    assert row["mnll"] != plain["mnll"]
+    assert row["train_seconds"] > row["calibration_seconds"] > 0
+    assert not list((tmp_path / "calibrated" / "runs").rglob("*.calibration.json"))
+    text = (tmp_path / "calibrated" / "uci_diabetes.md").read_text()
+    assert f"the factor its noise was multiplied by): mfg: {expected:.3g}" in text
+    assert "calibrated" not in (tmp_path / "plain" / "uci_diabetes.md").read_text()
+
+    store = tmp_path / "split0.calibration.json"
+    first = calibrate_noise("diabetes", mfg, 0, config, data, store=store)
+    assert first["noise_factor"] == expected and store.exists() and not list(tmp_path.glob("*.ckpt"))
+    monkeypatch.setattr(noise_calibration, "train_split", lambda *a, **k: pytest.fail("trained a stored calibration"))
+    assert calibrate_noise("diabetes", mfg, 0, config, data, store=store) == first
+    with pytest.raises(ValueError, match="classification"):
+        calibrate_noise("digits", mfg, 0, config, load_dataset_split("digits", 0))
+
+
+def test_calibrating_is_fingerprinted_and_checked_before_training(tmp_path, capsys):
+    """Stored results without the flag stay valid (the same fingerprint as before it existed); with it the
+    fingerprint differs and reads ``val_fraction``; it needs one process, a regression set and enough rows."""
+    assert UCIConfig().fingerprint("whvi", "k") == "285c3fb58e99d90f"  # the hash before the flag existed
+    assert UCIConfig(calibrate_noise=True).fingerprint("whvi", "k") != "285c3fb58e99d90f"
+    config = _config()
+    calibrating = replace(config, calibrate_noise=True)
+    assert calibrating.fingerprint("mfg") != config.fingerprint("mfg")
+    assert config.fingerprint("mfg") == replace(config, val_fraction=0.3).fingerprint("mfg")
+    assert calibrating.fingerprint("mfg") != replace(calibrating, val_fraction=0.3).fingerprint("mfg")
+    with pytest.raises(
+        ValueError, match=r"calibrate_noise runs in one process; give nproc 1 \(or no --calibrate-noise\)"
+    ):
+        replace(calibrating, nproc=2)
+    with pytest.raises(ValueError, match="val_fraction in"):
+        replace(calibrating, val_fraction=1.0)
+    from pyro_whvi.experiments.cli import main
+
+    args = ["uci", "--splits", "0", "--calibrate-noise", "--out", str(tmp_path / "cli")]
+    for bad, message in (
+        (["--dataset", "digits"], "--calibrate-noise calibrates a regression likelihood's noise; digits is a"),
+        (["--dataset", "diabetes", "--val-fraction", "0.001"], "or hold no rows out"),
+        (["--dataset", "diabetes", "--nproc", "2"], "runs in one process; give nproc 1"),
+    ):
+        with pytest.raises(SystemExit) as exit_code:
+            main([*args, *bad])
+        assert exit_code.value.code == 2 and message in capsys.readouterr().err
+    assert not (tmp_path / "cli").exists()
