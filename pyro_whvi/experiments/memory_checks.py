@@ -41,7 +41,7 @@ def check_uci_memory(config: UCIConfig, sizes: SplitSizes, available: int | None
             each,
             sizes,
             available,
-            validation_rows=(config.choosing or config.calibrate_noise),
+            validation_rows=config.holding_out,
             val_fraction=config.val_fraction,
         )
 

@@ -3,13 +3,12 @@ whether a stored split result is still valid."""
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from ..train.schedule import shard_size
 from .methods import Schedule, parse_method
+from .uci_fingerprint import ENGINE_VERSION, settings_fingerprint
 from .uci_protocols import (
     AUTO_DEEP_FROM_ROWS,
     AUTO_LIKELIHOOD,
@@ -46,31 +45,6 @@ __all__ = [
 
 #: Where ``whvi uci --device`` trains.
 DEVICES = ("cpu", "cuda")
-
-# Bumped when a method's construction changes, so that its stored splits are trained again.
-_VERSIONS = {name: 2 for name in ("whvi", "nf-whvi", "whvi+iblm", "nf-whvi+iblm")}
-# Bumped when the training loop changes every method's numbers. 2: the noise scale's Adam state no longer starts from
-# the fixed-noise phase's summed gradient. 3: torch's fused Adam and NF-WHVI's fused planar op (rounded differently).
-ENGINE_VERSION = 3
-_NOT_FINGERPRINTED = ("methods", "splits", "checkpoint_every", "progress", "protocol")
-# Settings added after results were stored, with the value every earlier run had: at that value they stay out of
-# the fingerprint, so that those results remain valid.
-_LATER_SETTINGS = dict(
-    standardize_targets=True,
-    kl_weight=1.0,
-    device="cpu",
-    protocols=(),
-    likelihood="gaussian",
-    method_likelihoods=(),
-    method_protocols=(),
-    calibrate_noise=False,
-)
-_LATER_SCHEDULE_SETTINGS = {"cooldown": 0.0}
-
-
-def _without_later_defaults(settings: dict, later: dict) -> dict:
-    """``settings`` without the entries of ``later`` that are at their old value."""
-    return {k: v for k, v in settings.items() if not (k in later and v == later[k])}
 
 
 @dataclass(frozen=True)
@@ -178,9 +152,9 @@ class UCIConfig:
             check_protocol(protocol)
         if len({protocol["name"] for protocol in self.protocols}) < len(self.protocols):
             raise ValueError(f"UCIConfig: protocol names must differ, got {[p['name'] for p in self.protocols]}.")
-        if (self.choosing or self.calibrate_noise) and not 0 < self.val_fraction < 1:
+        if self.holding_out and not 0 < self.val_fraction < 1:
             raise ValueError(f"UCIConfig: val_fraction in (0, 1) expected, got {self.val_fraction!r}.")
-        if (self.choosing or self.calibrate_noise) and self.nproc > 1:
+        if self.holding_out and self.nproc > 1:
             what = "choosing among several KL weights or protocols" if self.choosing else "calibrate_noise"
             fix = ", or one candidate." if self.choosing else " (or no --calibrate-noise)."
             raise ValueError(f"UCIConfig: {what} runs in one process; give nproc 1{fix}")
@@ -234,6 +208,12 @@ class UCIConfig:
     def choosing(self) -> bool:
         """Whether each split chooses its settings on held-out training rows (several candidates)."""
         return len(self.kl_weights) * max(1, len(self.protocols)) > 1
+
+    @property
+    def holding_out(self) -> bool:
+        """Whether each split holds out ``val_fraction`` of its training rows: to choose among candidates
+        (:attr:`choosing`) or to calibrate the noise (``calibrate_noise``)."""
+        return self.choosing or self.calibrate_noise
 
     def candidates(self) -> list[tuple[str, UCIConfig]]:
         """``(label, settings)`` of every candidate: one KL weight each, and a protocol's network and schedule
@@ -302,19 +282,5 @@ class UCIConfig:
 
     def fingerprint(self, method: str, data: str = "") -> str:
         """A short hash of everything that changes the result of ``method`` on one split: the settings
-        and ``data``, a key of the split's data (:func:`data_key`)."""
-        settings = asdict(self.for_method(method))
-        if not (self.choosing or self.calibrate_noise):  # read only when holding rows out
-            del settings["val_fraction"]
-        settings = {k: v for k, v in settings.items() if k not in _NOT_FINGERPRINTED}
-        # Candidates without a cool-down are fingerprinted as before protocols had one.
-        settings["protocols"] = tuple(_without_later_defaults(p, _LATER_SCHEDULE_SETTINGS) for p in self.protocols)
-        settings = _without_later_defaults(settings, _LATER_SETTINGS)
-        settings["schedule"] = _without_later_defaults(settings["schedule"], _LATER_SCHEDULE_SETTINGS)
-        version = {"version": _VERSIONS.get(method, 1), "engine": ENGINE_VERSION}
-        text = json.dumps(
-            {"method": method, **settings, **version, "data": data},
-            sort_keys=True,
-            default=str,
-        )
-        return hashlib.sha256(text.encode()).hexdigest()[:16]
+        and ``data``, a key of the split's data (:func:`data_key`); :func:`settings_fingerprint`."""
+        return settings_fingerprint(method, asdict(self.for_method(method)), data, holding_out=self.holding_out)

@@ -167,7 +167,7 @@ def check_validation(source: str | Path, config: UCIConfig) -> None:
     """A ``ValueError`` before any training when ``config`` holds rows out (to choose among candidates or calibrate
     the noise) and its ``val_fraction`` leaves a split too few rows to train on or to validate on
     (:func:`validation_part`), or calibrates the noise of a classification set."""
-    if config.choosing or config.calibrate_noise:
+    if config.holding_out:
         for split in config.splits:
             data = load_dataset_split(source, split, standardize_targets=config.standardize_targets)
             if config.calibrate_noise and data.task != "regression":
