@@ -45,7 +45,7 @@ from .ensemble import remove_checkpoints
 from .likelihood_choice import NOISE_GAIN_THRESHOLD, check_store, train_choosing_likelihood
 from .memory_checks import check_uci_memory
 from .methods import MethodSpec, parse_method
-from .noise_calibration import calibrate_noise, calibration_store
+from .noise_calibration import calibrate_noise, calibrated_noise, calibration_store
 from .noisy_sets import NOISE_FILE, noise_floor, split_noise_std
 from .reporting import check_writable, save_tables, write_atomic
 from .uci_config import BY_RESIDUALS, ENGINE_VERSION, UCIConfig
@@ -145,13 +145,15 @@ def run_split(
     data, guide, losses = trained.data, trained.guide, trained.losses
     regression = data.task == "regression"
     f, noise = predict_split(trained, data.x_test, config)
+    weights = None
     if calibration:
-        noise = noise * calibration["noise_factor"]
+        assert noise is not None  # regression
+        noise, weights = calibrated_noise(noise, calibration)
     extra = {} if regression else {"reliability": [t.tolist() for t in reliability_diagram(f, data.y_test)]}
     row = {
         "method": spec.name,
         "split": split,
-        **evaluate(data, f, noise),
+        **evaluate(data, f, noise, weights),
         "final_loss": sum(losses[-100:]) / len(losses[-100:]),
         "variational_parameters": sum(p.numel() for p in guide.parameters()),
         "train_seconds": trained.seconds

@@ -166,9 +166,10 @@ def add_uci_command(commands) -> None:
     uci.add_argument(
         "--calibrate-noise",
         action="store_true",
-        help="regression: train on all but a --val-fraction of each split's training rows, choose the factor of the "
-        "noise that gives those held-out rows the lowest MNLL, and multiply the noise of the split's fit on all its "
-        "rows by it (about 1.8 times the training; the table names each factor)",
+        help="regression: train on all but a --val-fraction of each split's training rows and choose the factor of "
+        "the noise that gives those held-out rows the lowest MNLL; the split's fit on all its rows then predicts with "
+        "its noise times the factor, keeping a weight 1/(held-out rows + 2) on its learned noise (about 1.8 times "
+        "the training; the table names each factor)",
     )
     uci.add_argument("--samples", type=samples, default=defaults.samples, help="test-time posterior samples")
     uci.add_argument("--dropout", type=positive_float, default=defaults.dropout, help="MC dropout rate (default 0.005)")

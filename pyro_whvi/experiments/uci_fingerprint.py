@@ -31,6 +31,9 @@ _LATER_SETTINGS = dict(
     calibrate_noise=False,
 )
 _LATER_SCHEDULE_SETTINGS = {"cooldown": 0.0}
+# What ``calibrate_noise`` does, fingerprinted in its place when set. 1 (stored as ``true``): the noise scaled alone;
+# 2: the predictive keeps a weight of 1 / (n + 2) on the learned noise (noise_calibration.keep_weight).
+_CALIBRATION_VERSION = 2
 
 
 def _without_later_defaults(settings: dict[str, Any], later: dict[str, Any]) -> dict[str, Any]:
@@ -48,6 +51,8 @@ def settings_fingerprint(method: str, settings: dict[str, Any], data: str, *, ho
     # Candidates without a cool-down are fingerprinted as before protocols had one.
     settings["protocols"] = tuple(_without_later_defaults(p, _LATER_SCHEDULE_SETTINGS) for p in settings["protocols"])
     settings = _without_later_defaults(settings, _LATER_SETTINGS)
+    if "calibrate_noise" in settings:
+        settings["calibrate_noise"] = _CALIBRATION_VERSION
     settings["schedule"] = _without_later_defaults(settings["schedule"], _LATER_SCHEDULE_SETTINGS)
     version = {"version": METHOD_VERSIONS.get(method, 1), "engine": ENGINE_VERSION}
     text = json.dumps({"method": method, **settings, **version, "data": data}, sort_keys=True, default=str)

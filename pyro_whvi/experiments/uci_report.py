@@ -46,19 +46,23 @@ FLOOR_METRICS = ("mnll_gap", "rmse_ratio", "noise_ratio")
 FLOOR_LABELS = {"mnll_gap": "MNLL - floor", "rmse_ratio": "RMSE / σ", "noise_ratio": "noise / σ"}
 
 
-def evaluate(data: UCIData, f: torch.Tensor, noise_scale) -> dict[str, float]:
+def evaluate(data: UCIData, f: torch.Tensor, noise_scale, noise_weights=None) -> dict[str, float]:
     """A split's test metrics from predictive samples ``f`` (regression in the original units).
 
     :param noise_scale: the Gaussian noise's standard deviation: one, or one per sample and test point (an
         ensemble's mean-variance heads, ``(M, N)`` like ``f``), whose root mean square the row reports as
-        ``noise_scale``."""
+        ``noise_scale``.
+    :param noise_weights: a scale mixture's weights (:func:`~pyro_whvi.metrics.gaussian_mnll`; ``noise_scale`` then
+        has a leading axis of components, and the row reports the first's)."""
     if data.task == "regression":
         scale = data.y_scale
+        mnll = gaussian_mnll(f, noise_scale, data.y_test, noise_weights) + math.log(scale)
         noise = torch.as_tensor(noise_scale)
+        noise = noise if noise_weights is None else noise[0]
         return {
             "rmse": rmse(f, data.y_test) * scale,
-            "mnll": gaussian_mnll(f, noise_scale, data.y_test) + math.log(scale),
-            "noise_scale": (float(noise_scale) if noise.numel() == 1 else float(noise.pow(2).mean().sqrt())) * scale,
+            "mnll": mnll,
+            "noise_scale": (float(noise) if noise.numel() == 1 else float(noise.pow(2).mean().sqrt())) * scale,
         }
     return {
         "error": float(error_rate(f, data.y_test)),
@@ -206,7 +210,7 @@ def choices_text(rows: list[dict[str, Any]], config: UCIConfig, gain_threshold: 
     factors = _per_method(rows, config.methods, "noise_factor", lambda row: f"{row['noise_factor']:.3g}")
     if factors:
         text += (
-            "\n\nNoise calibrated per split on held-out training rows (--calibrate-noise; the factor its noise was "
-            f"multiplied by): {factors}"
+            "\n\nNoise calibrated per split on held-out training rows (--calibrate-noise: the predictive keeps a "
+            f"weight of 1/(held-out rows + 2) on the learned noise; the factor of the rest): {factors}"
         )
     return text

@@ -60,6 +60,35 @@ def test_metrics_match_closed_forms():
     assert gaussian_mnll(f, 0.5, y) == pytest.approx(expected)
 
 
+def test_gaussian_mnll_of_a_scale_mixture_matches_its_closed_form():
+    """Weights w on noise components: the density is sum_k w_k (1/S) sum_s N(y | f_s, sigma_k^2), written out here
+    for two samples at three points; a component of weight 1 is the plain predictive, one per sample and point
+    included. Weights that do not match the components or do not sum to 1 are refused."""
+    y = torch.tensor([0.0, 1.0, 2.0], dtype=torch.float64)
+    f = torch.tensor([[0.0, 1.0, 2.0], [2.0, 1.0, 0.0]], dtype=torch.float64)
+
+    def normal(residual, sd):
+        return math.exp(-0.5 * (residual / sd) ** 2) / (sd * math.sqrt(2 * math.pi))
+
+    residuals = [(0.0, 2.0), (0.0, 0.0), (0.0, 2.0)]
+    expected = -np.mean(
+        [
+            math.log(sum(w * 0.5 * (normal(a, sd) + normal(b, sd)) for w, sd in ((0.9, 0.5), (0.1, 3.0))))
+            for a, b in residuals
+        ]
+    )
+    noise = torch.tensor([0.5, 3.0], dtype=torch.float64)
+    assert gaussian_mnll(f, noise, y, (0.9, 0.1)) == pytest.approx(expected, rel=1e-12)
+    assert gaussian_mnll(f, noise, y, (1.0, 0.0)) == pytest.approx(gaussian_mnll(f, 0.5, y), rel=1e-12)
+    per_point = torch.rand(2, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64) + 0.2
+    stacked = torch.stack([per_point, per_point * 4])
+    assert gaussian_mnll(f, stacked, y, (0.0, 1.0)) == pytest.approx(gaussian_mnll(f, per_point * 4, y), rel=1e-12)
+    with pytest.raises(ValueError, match="one weight per noise component"):
+        gaussian_mnll(f, noise, y, (0.5, 0.25, 0.25))
+    with pytest.raises(ValueError, match="sum to 1"):
+        gaussian_mnll(f, noise, y, (0.5, 0.6))
+
+
 def test_toy_problem_has_its_gap():
     x, y = toy_regression_1d(128, seed=3)
     assert x.shape == (128, 1) and y.shape == (128,)

@@ -12,7 +12,7 @@ import torch
 
 from pyro_whvi.experiments import noise_calibration, uci
 from pyro_whvi.experiments.methods import Schedule, parse_method
-from pyro_whvi.experiments.noise_calibration import NOISE_FACTORS, calibrate_noise, noise_factor
+from pyro_whvi.experiments.noise_calibration import NOISE_FACTORS, calibrate_noise, keep_weight, noise_factor
 from pyro_whvi.experiments.uci import UCIConfig, load_dataset_split, run_uci
 from pyro_whvi.metrics import gaussian_mnll
 
@@ -46,6 +46,31 @@ def test_noise_factor_is_the_maximum_likelihood_scale_when_the_samples_agree():
     assert NOISE_FACTORS[0] <= noise_factor(f, 1e6, y)[0] == NOISE_FACTORS[0]
 
 
+def test_keeping_the_learned_noise_bounds_every_rows_loss():
+    """A calibrated noise chosen on rows near the mean fails a row far from it; keeping a weight eps on the learned
+    noise bounds that row's NLL by the learned predictive's plus log(1/eps), and costs the rows near the mean at most
+    -log(1 - eps) each. With the weight, the factor is chosen for the mixture: no larger than the noise alone's."""
+    generator = torch.Generator().manual_seed(1)
+    mean = torch.randn(120, generator=generator, dtype=torch.float64)
+    y = mean + 0.1 * torch.randn(120, generator=generator, dtype=torch.float64)
+    f = mean.expand(4, -1)
+    noise = torch.tensor(1.0, dtype=torch.float64)
+    keep = keep_weight(len(y))
+    assert keep == 1 / 122
+    alone, *_ = noise_factor(f, noise, y)
+    factor, mixture_mnll, learned_mnll = noise_factor(f, noise, y, keep)
+    assert factor <= alone and mixture_mnll < learned_mnll
+    stacked, weights = torch.stack([noise * factor, noise]), (1 - keep, keep)
+    assert mixture_mnll == pytest.approx(gaussian_mnll(f, stacked, y, weights), rel=1e-12)
+    far = torch.tensor([mean[0] + 4.0], dtype=torch.float64)  # 4 learned noises, 40 residual scales, from the mean
+    f_far = f[:, :1]
+    with_keep, learned = gaussian_mnll(f_far, stacked, far, weights), gaussian_mnll(f_far, noise, far)
+    assert gaussian_mnll(f_far, noise * factor, far) > learned + 100  # the noise alone fails it
+    assert learned < with_keep <= learned + math.log(1 / keep)
+    near = gaussian_mnll(f, stacked, y, weights)
+    assert near <= gaussian_mnll(f, noise * factor, y) - math.log(1 - keep) + 1e-12
+
+
 def _config(**changes) -> UCIConfig:
     schedule = Schedule(steps=40, fixed_noise_steps=10, batch_size=16, lr=0.05)
     settings = dict(methods=("mfg",), splits=(0,), schedule=schedule, hidden=8, samples=8, val_fraction=0.25)
@@ -63,7 +88,8 @@ def test_the_factor_is_chosen_on_the_held_out_rows_and_scales_the_full_fits_nois
     part = uci.validation_part(data, 0.25, config.seed)
     fit = uci.train_split("diabetes", mfg, 0, config, data=part)
     f, noise = uci.predict_split(fit, part.x_test, config)
-    expected, calibrated, learned = noise_factor(f, noise, part.y_test)
+    keep = keep_weight(len(part.y_test))
+    expected, calibrated, learned = noise_factor(f, noise, part.y_test, keep)
     assert expected != 1.0
     run_uci("diabetes", config, tmp_path / "calibrated")
     run_uci("diabetes", replace(config, calibrate_noise=False), tmp_path / "plain")
@@ -71,16 +97,22 @@ def test_the_factor_is_chosen_on_the_held_out_rows_and_scales_the_full_fits_nois
         json.loads((tmp_path / folder / "runs" / "diabetes" / "mfg" / "split0.json").read_text())["row"]
         for folder in ("calibrated", "plain")
     )
-    assert row["noise_factor"] == expected
+    assert row["noise_factor"] == expected and row["learned_noise_weight"] == keep
     shift = math.log(data.y_scale)
     assert row["calibration_mnll"] == pytest.approx([learned + shift, calibrated + shift], rel=1e-9)
     assert row["rmse"] == plain["rmse"] and row["final_loss"] == plain["final_loss"]
     assert row["noise_scale"] == pytest.approx(plain["noise_scale"] * expected, rel=1e-6)
+    # The row's MNLL is the mixture's: the full fit's samples (trained again: the same draws) with both noises.
+    full = uci.train_split("diabetes", mfg, 0, config, data=data)
+    f_test, noise_test = uci.predict_split(full, data.x_test, config)
+    mixture = gaussian_mnll(f_test, torch.stack([noise_test * expected, noise_test]), data.y_test, (1 - keep, keep))
+    assert row["mnll"] == pytest.approx(mixture + shift, rel=1e-9)
+    assert plain["mnll"] == pytest.approx(gaussian_mnll(f_test, noise_test, data.y_test) + shift, rel=1e-9)
     assert row["mnll"] != plain["mnll"]
     assert row["train_seconds"] > row["calibration_seconds"] > 0
     assert not list((tmp_path / "calibrated" / "runs").rglob("*.calibration.json"))
     text = (tmp_path / "calibrated" / "uci_diabetes.md").read_text()
-    assert f"the factor its noise was multiplied by): mfg: {expected:.3g}" in text
+    assert f"learned noise; the factor of the rest): mfg: {expected:.3g}" in text
     assert "calibrated" not in (tmp_path / "plain" / "uci_diabetes.md").read_text()
 
     store = tmp_path / "split0.calibration.json"
