@@ -49,7 +49,7 @@ def test_noise_factor_is_the_maximum_likelihood_scale_when_the_samples_agree():
 def test_keeping_the_learned_noise_bounds_every_rows_loss():
     """A calibrated noise chosen on rows near the mean fails a row far from it; keeping a weight eps on the learned
     noise bounds that row's NLL by the learned predictive's plus log(1/eps), and costs the rows near the mean at most
-    -log(1 - eps) each. With the weight, the factor is chosen for the mixture: no larger than the noise alone's."""
+    -log(1 - eps) each against the calibrated noise alone."""
     generator = torch.Generator().manual_seed(1)
     mean = torch.randn(120, generator=generator, dtype=torch.float64)
     y = mean + 0.1 * torch.randn(120, generator=generator, dtype=torch.float64)
@@ -57,18 +57,16 @@ def test_keeping_the_learned_noise_bounds_every_rows_loss():
     noise = torch.tensor(1.0, dtype=torch.float64)
     keep = keep_weight(len(y))
     assert keep == 1 / 122
-    alone, *_ = noise_factor(f, noise, y)
-    factor, mixture_mnll, learned_mnll = noise_factor(f, noise, y, keep)
-    assert factor <= alone and mixture_mnll < learned_mnll
-    stacked, weights = torch.stack([noise * factor, noise]), (1 - keep, keep)
-    assert mixture_mnll == pytest.approx(gaussian_mnll(f, stacked, y, weights), rel=1e-12)
+    factor, alone, learned_mnll = noise_factor(f, noise, y)
+    stacked, weights = noise_calibration.calibrated_noise(noise, {"noise_factor": factor, "learned_noise_weight": keep})
+    assert weights == (1 - keep, keep) and torch.equal(stacked, torch.stack([noise * factor, noise]))
+    near = gaussian_mnll(f, stacked, y, weights)
+    assert alone < near <= alone - math.log(1 - keep) + 1e-12 and near < learned_mnll
     far = torch.tensor([mean[0] + 4.0], dtype=torch.float64)  # 4 learned noises, 40 residual scales, from the mean
     f_far = f[:, :1]
     with_keep, learned = gaussian_mnll(f_far, stacked, far, weights), gaussian_mnll(f_far, noise, far)
     assert gaussian_mnll(f_far, noise * factor, far) > learned + 100  # the noise alone fails it
     assert learned < with_keep <= learned + math.log(1 / keep)
-    near = gaussian_mnll(f, stacked, y, weights)
-    assert near <= gaussian_mnll(f, noise * factor, y) - math.log(1 - keep) + 1e-12
 
 
 def _config(**changes) -> UCIConfig:
@@ -89,7 +87,8 @@ def test_the_factor_is_chosen_on_the_held_out_rows_and_scales_the_full_fits_nois
     fit = uci.train_split("diabetes", mfg, 0, config, data=part)
     f, noise = uci.predict_split(fit, part.x_test, config)
     keep = keep_weight(len(part.y_test))
-    expected, calibrated, learned = noise_factor(f, noise, part.y_test, keep)
+    expected, _, learned = noise_factor(f, noise, part.y_test)
+    calibrated = gaussian_mnll(f, torch.stack([noise * expected, noise]), part.y_test, (1 - keep, keep))
     assert expected != 1.0
     run_uci("diabetes", config, tmp_path / "calibrated")
     run_uci("diabetes", replace(config, calibrate_noise=False), tmp_path / "plain")
