@@ -37,13 +37,7 @@ def check_uci_memory(config: UCIConfig, sizes: SplitSizes, available: int | None
     else:
         settings = [config]
     for each in settings:
-        _check_uci_memory(
-            each,
-            sizes,
-            available,
-            validation_rows=config.holding_out,
-            val_fraction=config.val_fraction,
-        )
+        _check_uci_memory(each, sizes, available, validation_rows=config.holding_out, val_fraction=config.val_fraction)
 
 
 def _check_uci_memory(

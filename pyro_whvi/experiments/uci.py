@@ -112,8 +112,9 @@ def run_split(
     :func:`~pyro_whvi.experiments.likelihood_choice.check_store`); the row names the ``likelihood`` chosen and the
     ``noise_gain`` it was chosen by. With ``config.calibrate_noise`` the noise is calibrated on held-out rows first
     (:func:`~pyro_whvi.experiments.noise_calibration.calibrate_noise`, kept beside ``selection_store``) and the
-    predictive's noise multiplied by the row's ``noise_factor``; its ``calibration_seconds`` count in
-    ``train_seconds``.
+    predictive is the scale mixture of the noise times the row's ``noise_factor`` and, with weight
+    ``learned_noise_weight``, the learned noise (:func:`~pyro_whvi.experiments.noise_calibration.calibrated_noise`);
+    its ``calibration_seconds`` count in ``train_seconds``.
     In a process group every rank trains its shard and only rank 0 evaluates (the others return ``({}, {})``).
     """
     chosen: dict[str, Any] = {}
