@@ -23,6 +23,8 @@ from .reporting import draw_reliability, summarize_by, write_atomic
 from .uci_protocols import BY_RESIDUALS
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from .uci_config import UCIConfig
     from .uci_data import UCIData
 
@@ -46,15 +48,22 @@ FLOOR_METRICS = ("mnll_gap", "rmse_ratio", "noise_ratio")
 FLOOR_LABELS = {"mnll_gap": "MNLL - floor", "rmse_ratio": "RMSE / σ", "noise_ratio": "noise / σ"}
 
 
-def evaluate(data: UCIData, f: torch.Tensor, noise_scale, noise_weights=None) -> dict[str, float]:
+def evaluate(
+    data: UCIData,
+    f: torch.Tensor,
+    noise_scale: torch.Tensor | float | None,
+    noise_weights: Sequence[float] | None = None,
+) -> dict[str, float]:
     """A split's test metrics from predictive samples ``f`` (regression in the original units).
 
     :param noise_scale: the Gaussian noise's standard deviation: one, or one per sample and test point (an
         ensemble's mean-variance heads, ``(M, N)`` like ``f``), whose root mean square the row reports as
-        ``noise_scale``.
+        ``noise_scale``; ``None`` for classification, which has no noise.
     :param noise_weights: a scale mixture's weights (:func:`~pyro_whvi.metrics.gaussian_mnll`; ``noise_scale`` then
         has a leading axis of components, and the row reports the first's)."""
     if data.task == "regression":
+        if noise_scale is None:
+            raise ValueError("evaluate: a regression split needs noise_scale (the predictive's noise), got None")
         scale = data.y_scale
         mnll = gaussian_mnll(f, noise_scale, data.y_test, noise_weights) + math.log(scale)
         noise = torch.as_tensor(noise_scale)

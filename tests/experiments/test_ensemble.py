@@ -50,6 +50,8 @@ def test_the_mixture_mnll_and_rmse_are_the_closed_forms_in_original_units():
     assert row["noise_scale"] == pytest.approx(3.0 * math.sqrt((sds**2).mean().item()), rel=1e-12)
     # One shared scale (every other method) is reported as it was.
     assert evaluate(data, means, torch.tensor(0.7))["noise_scale"] == pytest.approx(2.1)
+    with pytest.raises(ValueError, match="regression split needs noise_scale"):
+        evaluate(data, means, None)
 
 
 def _sine(rows: int = 128, noise: float = 0.1) -> tuple[torch.Tensor, torch.Tensor]:
