@@ -110,8 +110,8 @@ def run_split(
     ``train_seconds``). A method with the likelihood ``"by-residuals"`` (regression) is trained by
     :func:`~pyro_whvi.experiments.likelihood_choice.train_choosing_likelihood` (its check kept in
     :func:`~pyro_whvi.experiments.likelihood_choice.check_store`); the row names the ``likelihood`` chosen and the
-    ``noise_gain`` it was chosen by. With ``config.calibrate_noise`` the noise is calibrated on held-out rows first
-    (:func:`~pyro_whvi.experiments.noise_calibration.calibrate_noise`, kept beside ``selection_store``) and the
+    ``noise_gain`` it was chosen by. Where ``config.calibrates`` the method, its noise is calibrated on held-out rows
+    first (:func:`~pyro_whvi.experiments.noise_calibration.calibrate_noise`, kept beside ``selection_store``) and the
     predictive is the scale mixture of the noise times the row's ``noise_factor`` and, with weight
     ``learned_noise_weight``, the learned noise (:func:`~pyro_whvi.experiments.noise_calibration.calibrated_noise`);
     its ``calibration_seconds`` count in ``train_seconds``.
@@ -132,7 +132,7 @@ def run_split(
             choice = f"kl{settings.kl_weight!r}" if not config.protocols else label
             checkpoint = replace(checkpoint, key=f"{checkpoint.key}:{choice}")
     calibration: dict[str, Any] = {}
-    if config.calibrate_noise:  # before the split's own training, which seeds itself: its draws are unchanged
+    if config.calibrates(spec.name):  # before the split's own training, which seeds itself: its draws are unchanged
         store = calibration_store(selection_store) if selection_store is not None else None
         calibration = calibrate_noise(source, spec, split, settings, data, label, store)
     if data.task == "regression" and settings.likelihood_of(spec.name) == BY_RESIDUALS:

@@ -54,6 +54,7 @@ def _protocols(text: str) -> tuple[str, ...]:
 
 
 def add_uci_command(commands) -> None:
+    from .auto_calibration import CALIBRATION_CHOICES
     from .likelihood_choice import NOISE_GAIN_THRESHOLD
     from .methods import BASE_METHODS, ENSEMBLE, METHODS, Schedule
     from .uci import BUNDLED_DATASETS, UCIConfig
@@ -165,11 +166,15 @@ def add_uci_command(commands) -> None:
     )
     uci.add_argument(
         "--calibrate-noise",
-        action="store_true",
-        help="regression: train on all but a --val-fraction of each split's training rows and choose the factor of "
-        "the noise that gives those held-out rows the lowest MNLL; the split's fit on all its rows then predicts with "
-        "its noise times the factor, keeping a weight 1/(held-out rows + 2) on its learned noise (about 1.8 times "
-        "the training; the table names each factor)",
+        nargs="?",
+        const="on",
+        default="off",
+        choices=CALIBRATION_CHOICES,
+        help="regression: train on all but a --val-fraction of each split's training rows, choose the noise's factor "
+        "that gives those rows the lowest MNLL; the fit on all rows then predicts with its noise times it, keeping a "
+        "weight 1/(held-out rows + 2) on its learned noise (1.8x the training; the table names each factor). on (the "
+        f"flag alone): every method; auto: whvi under --protocol auto below {AUTO_WIDE_FROM_ROWS:,} training rows, "
+        "in one process; off (the default)",
     )
     uci.add_argument("--samples", type=samples, default=defaults.samples, help="test-time posterior samples")
     uci.add_argument("--dropout", type=positive_float, default=defaults.dropout, help="MC dropout rate (default 0.005)")
@@ -283,7 +288,7 @@ def run_uci_command(args: argparse.Namespace) -> int:
         if args.likelihood in ("heteroscedastic", BY_RESIDUALS) and sizes.outputs > 1:
             raise ValueError(f"--likelihood {args.likelihood} is for regression; {source} is a classification set")
         if sizes.outputs > 1:  # classification: the likelihood is categorical, whatever --likelihood
-            args.likelihood = "gaussian"
+            args.likelihood, args.calibrate_noise = "gaussian", args.calibrate_noise.replace("auto", "off")
         config = _config_from_arguments(args, Path(source).name, sizes.train)
         check_uci_memory(config, sizes)
         check_validation(source, config)

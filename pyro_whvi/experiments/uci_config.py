@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from ..train.schedule import shard_size
+from .auto_calibration import AUTO_CALIBRATION, CALIBRATION_CHOICES, resolve_calibration
 from .methods import Schedule, parse_method
 from .uci_fingerprint import ENGINE_VERSION, settings_fingerprint
 from .uci_protocols import (
@@ -96,7 +97,9 @@ class UCIConfig:
     so its stored splits do not depend on the others in the run.
 
     ``calibrate_noise``: scale each split's noise by a factor chosen on held-out rows (``val_fraction``; regression,
-    ``nproc`` 1; :mod:`~pyro_whvi.experiments.noise_calibration`).
+    ``nproc`` 1; :mod:`~pyro_whvi.experiments.noise_calibration`); ``method_calibrations``, ``(method, bool)`` pairs,
+    gives a method the other setting (:meth:`calibrates`), as ``--calibrate-noise auto`` resolves
+    (:func:`~pyro_whvi.experiments.auto_calibration.auto_calibration`).
     """
 
     methods: tuple[str, ...] = ("mfg", "mcd", "whvi")
@@ -124,6 +127,7 @@ class UCIConfig:
     method_likelihoods: tuple[tuple[str, str], ...] = ()
     method_protocols: tuple[tuple[str, dict[str, Any]], ...] = ()
     calibrate_noise: bool = False
+    method_calibrations: tuple[tuple[str, bool], ...] = ()
 
     def __post_init__(self) -> None:
         # Each method and split once: a repeated one would be read back and counted as another split.
@@ -152,6 +156,12 @@ class UCIConfig:
             check_protocol(protocol)
         if len({protocol["name"] for protocol in self.protocols}) < len(self.protocols):
             raise ValueError(f"UCIConfig: protocol names must differ, got {[p['name'] for p in self.protocols]}.")
+        for owner, each in (("", self.calibrate_noise), *self.method_calibrations):
+            if not isinstance(each, bool):  # "auto" is resolved by from_protocol, by the rows
+                what = f"method_calibrations[{owner!r}]" if owner else "calibrate_noise"
+                raise ValueError(f"UCIConfig: {what} must be True or False, got {each!r} (from_protocol takes 'auto')")
+            if owner and owner not in self.methods:
+                raise ValueError(f"UCIConfig: method_calibrations names {owner!r}, not one of methods {self.methods}.")
         if self.holding_out and not 0 < self.val_fraction < 1:
             raise ValueError(f"UCIConfig: val_fraction in (0, 1) expected, got {self.val_fraction!r}.")
         if self.holding_out and self.nproc > 1:
@@ -190,11 +200,17 @@ class UCIConfig:
         """The likelihood ``method`` trains with (regression): its ``method_likelihoods`` entry, else ``likelihood``."""
         return dict(self.method_likelihoods).get(method, self.likelihood)
 
+    def calibrates(self, method: str) -> bool:
+        """Whether ``method``'s noise is calibrated on held-out rows: its ``method_calibrations`` entry, else
+        ``calibrate_noise``."""
+        return dict(self.method_calibrations).get(method, self.calibrate_noise)
+
     def for_method(self, method: str) -> UCIConfig:
         """These settings as ``method`` trains with them, alone: its likelihood as ``likelihood``, its network and
-        schedule from ``method_protocols``."""
+        schedule from ``method_protocols``, its calibration as ``calibrate_noise``."""
         network = self._network(dict(self.method_protocols).get(method))
-        own = replace(self, method_protocols=(), **network)
+        own = replace(self, method_protocols=(), calibrate_noise=self.calibrates(method), method_calibrations=())
+        own = replace(own, **network)
         return replace(own, methods=(method,), likelihood=self.likelihood_of(method), method_likelihoods=())
 
     def _network(self, protocol: dict[str, Any] | None) -> dict[str, Any]:
@@ -212,8 +228,8 @@ class UCIConfig:
     @property
     def holding_out(self) -> bool:
         """Whether each split holds out ``val_fraction`` of its training rows: to choose among candidates
-        (:attr:`choosing`) or to calibrate the noise (``calibrate_noise``)."""
-        return self.choosing or self.calibrate_noise
+        (:attr:`choosing`) or to calibrate the noise of one of its methods (:meth:`calibrates`)."""
+        return self.choosing or any(self.calibrates(method) for method in self.methods)
 
     def candidates(self) -> list[tuple[str, UCIConfig]]:
         """``(label, settings)`` of every candidate: one KL weight each, and a protocol's network and schedule
@@ -250,7 +266,9 @@ class UCIConfig:
         other field of :class:`UCIConfig` as a keyword. Several names (a tuple) are candidates chosen per split
         (``protocols``), the overrides applied to each; the config's own network and schedule are the first's.
         :data:`AUTO_PROTOCOL` (alone; per method, ``method_protocols``) is :func:`auto_protocol` of ``train_rows``,
-        which it then needs, as does ``likelihood=``:data:`AUTO_LIKELIHOOD` (:func:`auto_likelihood`)."""
+        which it then needs, as does ``likelihood=``:data:`AUTO_LIKELIHOOD` (:func:`auto_likelihood`) and
+        ``calibrate_noise="auto"`` (``"on"``, ``"off"`` or ``"auto"``, ``whvi uci``'s choices, or a bool:
+        :func:`~pyro_whvi.experiments.auto_calibration.resolve_calibration`)."""
         names = (name,) if isinstance(name, str) else tuple(dict.fromkeys(name))
         label = shown = names[0] if len(names) == 1 else ""
         specs = [parse_method(method) for method in fields.get("methods", cls.methods)]
@@ -271,6 +289,19 @@ class UCIConfig:
             bases = {spec.name: (spec.base, spec.iblm) for spec in specs}
             fields["likelihood"], other, note = resolve_likelihood(label, train_rows, bases)
             fields["method_likelihoods"], shown = tuple(other.items()), shown + note
+        calibration = fields.get("calibrate_noise", False)
+        if isinstance(calibration, str):  # whvi uci's --calibrate-noise
+            if calibration not in CALIBRATION_CHOICES:
+                choices = ", ".join(CALIBRATION_CHOICES)
+                raise ValueError(f"--calibrate-noise: one of {choices} expected, got {calibration!r}")
+            fields["calibrate_noise"] = calibration == "on"
+            if calibration == AUTO_CALIBRATION:
+                if train_rows is None:
+                    raise TypeError(f"UCIConfig.from_protocol: calibrate_noise {AUTO_CALIBRATION!r} needs train_rows")
+                bases = {spec.name: (spec.base, spec.iblm) for spec in specs}
+                nproc = fields.get("nproc", cls.nproc)
+                fields["calibrate_noise"], calibrated, note = resolve_calibration(label, train_rows, bases, nproc)
+                fields["method_calibrations"], shown = tuple(calibrated.items()), shown + note
         fields.setdefault("protocol", shown)
         candidates = [{"name": each, **protocol_settings(each, dataset, **overrides)} for each in names]
         if len(candidates) > 1:
@@ -283,4 +314,5 @@ class UCIConfig:
     def fingerprint(self, method: str, data: str = "") -> str:
         """A short hash of everything that changes the result of ``method`` on one split: the settings
         and ``data``, a key of the split's data (:func:`data_key`); :func:`settings_fingerprint`."""
-        return settings_fingerprint(method, asdict(self.for_method(method)), data, holding_out=self.holding_out)
+        own = self.for_method(method)  # another method's calibration does not make this one's hold rows out
+        return settings_fingerprint(method, asdict(own), data, holding_out=own.holding_out)

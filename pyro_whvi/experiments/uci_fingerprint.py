@@ -29,6 +29,7 @@ _LATER_SETTINGS = dict(
     method_likelihoods=(),
     method_protocols=(),
     calibrate_noise=False,
+    method_calibrations=(),
 )
 _LATER_SCHEDULE_SETTINGS = {"cooldown": 0.0}
 # What ``calibrate_noise`` does, fingerprinted in its place when set. 1 (stored as ``true``): the noise scaled alone;

@@ -170,7 +170,7 @@ def check_validation(source: str | Path, config: UCIConfig) -> None:
     if config.holding_out:
         for split in config.splits:
             data = load_dataset_split(source, split, standardize_targets=config.standardize_targets)
-            if config.calibrate_noise and data.task != "regression":
+            if any(map(config.calibrates, config.methods)) and data.task != "regression":
                 raise ValueError(
                     f"--calibrate-noise calibrates a regression likelihood's noise; {source} is a classification set: "
                     "drop the flag"
