@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from .uci_protocols import AUTO_PROTOCOL, AUTO_WIDE_FROM_ROWS, exceptions_note
+from .uci_protocols import AUTO_PROTOCOL, AUTO_WIDE_FROM_ROWS, _from_threshold, exceptions_note
 
 __all__ = ["AUTO_CALIBRATION", "CALIBRATED_METHODS", "CALIBRATION_CHOICES", "auto_calibration", "resolve_calibration"]
 
@@ -34,9 +34,7 @@ def auto_calibration(protocol: str, train_rows: int, base: str = "whvi", iblm: b
     towards 1 with the rows (yacht 0.09-0.17, concrete 0.82-1.01, 1,800 rows 1.04-1.12), where the ELBO's noise,
     which absorbs q's spread of f on the training rows, stops being far too wide; from :data:`AUTO_WIDE_FROM_ROWS`
     the protocol and likelihood change and the calibration was not measured there."""
-    if isinstance(train_rows, bool) or not isinstance(train_rows, int) or train_rows < 1:
-        raise ValueError(f"auto_calibration: a positive number of training rows expected, got {train_rows!r}")
-    small = train_rows < AUTO_WIDE_FROM_ROWS
+    small = not _from_threshold(train_rows, "auto_calibration")  # and the rows checked, as auto_protocol does
     return protocol == AUTO_PROTOCOL and small and base in CALIBRATED_METHODS and not iblm and nproc == 1
 
 
