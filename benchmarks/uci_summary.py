@@ -5,7 +5,8 @@
 Reads ``uci_<dataset>.json`` (written by ``whvi uci``) for each dataset and writes
 ``uci_summary.{md,png}`` to ``--out`` (default: the first results folder). ``--results`` may be given
 several times: a method's row comes from the first folder that has it for that dataset (e.g. runs at
-another step count first, then the rest), and every row says its step count. Test RMSE and MNLL per method,
+another step count first, then the rest), and every row says its step count; the header names the rows whose noise
+was calibrated on held-out rows (``--calibrate-noise``). Test RMSE and MNLL per method,
 mean ± standard error over splits, with the paper's values (2 x 128 ReLU, mean (std) over 8 splits).
 On the eight standard sets of :data:`PUBLISHED_MNLL` (matched by name) the table adds the published MNLL of MC
 dropout, grid-searched, and of deep ensembles as fixed reference rows, and the verdict says whether WHVI's MNLL is
@@ -119,8 +120,13 @@ def load(folders: list[Path], dataset: str) -> dict:
             per_split = {
                 row["split"]: row["mnll"] for row in record["meta"]["splits"] if row["method"] == entry["method"]
             }
+            calibrated = any(
+                "noise_factor" in row for row in record["meta"]["splits"] if row["method"] == entry["method"]
+            )
             merged.setdefault(
-                label, {**entry, "steps": config["schedule"]["steps"], "config": config, "split_mnll": per_split}
+                label,
+                {**entry, "steps": config["schedule"]["steps"], "config": config, "split_mnll": per_split}
+                | {"calibrated": calibrated},
             )
     if not merged:
         raise SystemExit(f"uci_summary: no uci_{dataset}.json in {', '.join(map(str, folders))}")
@@ -289,6 +295,12 @@ def table(folders: list[Path], datasets: list[str]) -> tuple[str, dict]:
         header += (
             " Rows 'published:' are the MNLL the peer's authors report on the standard splits (their own protocols),"
             " fixed reference values, not runs."
+        )
+    calibrated = [f"{m} on {d}" for d, summary in summaries.items() for m, e in summary.items() if e["calibrated"]]
+    if calibrated:
+        header += (
+            " Noise calibrated on held-out training rows (`whvi uci --calibrate-noise`, under `auto` the default for"
+            f" WHVI below 3,000 training rows; its factor per split in the run's own table): {', '.join(calibrated)}."
         )
     blocks = [header, "", *lines]
     if len(floor_lines) > 2:

@@ -1,5 +1,5 @@
-"""The rule by which ``whvi uci --calibrate-noise auto`` calibrates a method's noise on held-out rows
-(:mod:`~pyro_whvi.experiments.noise_calibration`): by the method and the split's training rows, as
+"""The rule by which ``whvi uci --calibrate-noise auto``, the command's default, calibrates a method's noise on
+held-out rows (:mod:`~pyro_whvi.experiments.noise_calibration`): by the method and the split's training rows, as
 ``--protocol auto`` and ``--likelihood auto`` choose (:mod:`~pyro_whvi.experiments.uci_protocols`).
 :class:`~.uci_config.UCIConfig` holds what it resolves to (``calibrate_noise``, ``method_calibrations``)."""
 

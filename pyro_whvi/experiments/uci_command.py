@@ -168,13 +168,13 @@ def add_uci_command(commands) -> None:
         "--calibrate-noise",
         nargs="?",
         const="on",
-        default="off",
+        default="auto",
         choices=CALIBRATION_CHOICES,
         help="regression: train on all but a --val-fraction of each split's training rows, choose the noise's factor "
         "that gives those rows the lowest MNLL; the fit on all rows then predicts with its noise times it, keeping a "
         "weight 1/(held-out rows + 2) on its learned noise (1.8x the training; the table names each factor). on (the "
         f"flag alone): every method; auto: whvi under --protocol auto below {AUTO_WIDE_FROM_ROWS:,} training rows, "
-        "in one process; off (the default)",
+        "in one process (the default); off: none",
     )
     uci.add_argument("--samples", type=samples, default=defaults.samples, help="test-time posterior samples")
     uci.add_argument("--dropout", type=positive_float, default=defaults.dropout, help="MC dropout rate (default 0.005)")

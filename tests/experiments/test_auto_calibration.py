@@ -90,8 +90,8 @@ def test_a_run_calibrates_the_methods_auto_names_and_reads_the_others_back(tmp_p
 
 
 def test_the_command_takes_auto_on_and_off_and_turns_auto_off_for_classification(tmp_path, monkeypatch):
-    """``--calibrate-noise`` alone is ``on``; without it ``off``; ``auto`` resolves by the rows, per method, and on
-    a classification set is ``off`` (where ``on`` is refused)."""
+    """``--calibrate-noise`` alone is ``on``; without it ``auto``, which resolves by the rows, per method, and on a
+    classification set is ``off`` (where ``on`` is refused)."""
     from pyro_whvi.experiments.cli import main
 
     configs: list[UCIConfig] = []
@@ -105,10 +105,10 @@ def test_the_command_takes_auto_on_and_off_and_turns_auto_off_for_classification
     for extra in ([], ["--calibrate-noise"], ["--calibrate-noise", "auto"], ["--calibrate-noise", "off"]):
         assert main([*args, "--dataset", "diabetes", *extra]) == 0
     assert [(c.calibrates("whvi"), c.calibrates("mcd")) for c in configs] == [
-        (False, False),
+        (True, False),  # the default: auto
         (True, True),
         (True, False),
         (False, False),
     ]
-    assert main([*args, "--dataset", "digits", "--calibrate-noise", "auto"]) == 0
+    assert main([*args, "--dataset", "digits"]) == 0  # auto, turned off for classification
     assert not any(map(configs[-1].calibrates, configs[-1].methods))

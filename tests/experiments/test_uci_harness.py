@@ -549,12 +549,16 @@ def test_uci_summary_script_compares_with_the_paper(tmp_path):
     assert verdict["at_or_below_mcd"] == ["nf-whvi", "whvi-lowrank"]
     assert verdict["rmse_ok"] and verdict["mnll_below_paper"] and not verdict["mnll_below_mfg"]
     assert module.checks("concrete", {"mcd": row, "whvi": {**row, "rmse": 5.43}})["rmse_ok"] is False
-    # A second folder with WHVI at another step count: its row wins, MFG's comes from the first run.
+    assert "Noise calibrated" not in text
+    # A second folder with WHVI at another step count, its noise calibrated on held-out rows: its row wins and the
+    # header says it is calibrated, MFG's comes from the first run.
     longer = tmp_path / "longer"
-    run_uci(directory, replace(config, methods=("whvi",), schedule=Schedule(steps=7)), longer)
+    calibrated = replace(config, methods=("whvi",), schedule=Schedule(steps=7), method_calibrations=(("whvi", True),))
+    run_uci(directory, calibrated, longer)
     module.main(["--results", str(longer), "--results", str(tmp_path), "--datasets", "yacht"])
     text = (longer / "uci_summary.md").read_text()
     assert "| yacht | whvi | 2 | 7 |" in text and "| yacht | mfg | 2 | 5 |" in text
+    assert "Noise calibrated on held-out training rows" in text and "run's own table): whvi on yacht." in text
     assert "Against the known noise floor" not in text and "floor" not in (longer / "uci_summary.md").read_text()
     # A tempered run (--kl-weight) is its own row, never the paper's WHVI nor a variant in the MC dropout check.
     tempered = tmp_path / "tempered"
@@ -749,7 +753,7 @@ def test_device_flag_cpu_is_the_default_bit_for_bit_and_keeps_stored_results_val
             for run in ("default", "cpu")
         )
         assert default["fingerprint"] == cpu["fingerprint"]
-        drop = ("train_seconds",)
+        drop = ("train_seconds", "calibration_seconds")  # WHVI's noise is calibrated (--calibrate-noise auto)
         assert {k: v for k, v in default["row"].items() if k not in drop} == {
             k: v for k, v in cpu["row"].items() if k not in drop
         }
@@ -788,9 +792,10 @@ def test_the_compiled_elbo_is_the_default_and_eager_its_own_fingerprint(tmp_path
     args = ["uci", "--dataset", "diabetes", "--methods", "whvi,ensemble", "--splits", "0", "--steps", "5"]
     args += ["--samples", "4", "--hidden", "8"]
     assert main([*args, "--out", str(tmp_path / "jit")]) == 0
-    assert len(compiled) == 1 + 5  # WHVI and the ensemble's five networks
+    # WHVI's held-out fit and its fit on all the rows (its noise calibrated by default), the ensemble's five networks
+    assert len(compiled) == 2 + 5
     assert main([*args, "--eager", "--out", str(tmp_path / "eager")]) == 0
-    assert len(compiled) == 6
+    assert len(compiled) == 7
     for method in ("whvi", "ensemble"):
         jit, eager = (
             json.loads((tmp_path / run / "runs" / "diabetes" / method / "split0.json").read_text())

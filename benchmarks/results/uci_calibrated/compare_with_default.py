@@ -1,5 +1,6 @@
-"""Each split's row here against the stored default's (``uci_table3/whvi``, the same network and draws without the
-flag) and the probe's prediction of it (``noise_recalibration/mixture.json``): a markdown table and the means.
+"""Each split's row here against the learned noise's (``uci_table3/whvi``, the same network and draws with
+``--calibrate-noise off``, the default until 2026-12-05) and the probe's prediction of it
+(``noise_recalibration/mixture.json``): a markdown table and the means.
 
 Run from the repository root: ``python benchmarks/results/uci_calibrated/compare_with_default.py``.
 """
@@ -14,7 +15,7 @@ RESULTS = Path("benchmarks/results")
 # set: (folder here, the probe's name for it)
 SETS = {"yacht": ("whvi", "yacht"), "energy": ("whvi_energy", "energy"), "bostonHousing": ("whvi_boston", "boston")}
 SETS["concrete"] = ("whvi_concrete", "concrete")
-HEADER = ["set", "split", "default MNLL", "**calibrated**", "change", "probe's", "factor c", "RMSE (calibrated / "
+HEADER = ["set", "split", "learned noise MNLL", "**calibrated**", "change", "probe's", "factor c", "RMSE (calibrated / "
           "default)", "s (held-out fit)"]  # fmt: skip
 
 
@@ -41,4 +42,4 @@ for name, (folder, key) in SETS.items():
     if pairs:
         before_mean, after_mean = (statistics.mean(pair[k] for pair in pairs) for k in (0, 1))
         means.append(f"{name} ({len(pairs)} splits): {before_mean:.3f} -> {after_mean:.3f}")
-print("\nMeans, default -> calibrated: " + "; ".join(means))
+print("\nMeans, learned noise -> calibrated: " + "; ".join(means))
