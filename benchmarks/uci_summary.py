@@ -117,16 +117,16 @@ def load(folders: list[Path], dataset: str) -> dict:
             mark = "" if weight == 1.0 else f"{TEMPERED}{weight:g})"
         for entry in record["results"]:
             label = entry["method"] + mark
-            per_split = {
-                row["split"]: row["mnll"] for row in record["meta"]["splits"] if row["method"] == entry["method"]
-            }
-            calibrated = any(
-                "noise_factor" in row for row in record["meta"]["splits"] if row["method"] == entry["method"]
-            )
+            rows = [row for row in record["meta"]["splits"] if row["method"] == entry["method"]]
             merged.setdefault(
                 label,
-                {**entry, "steps": config["schedule"]["steps"], "config": config, "split_mnll": per_split}
-                | {"calibrated": calibrated},
+                {
+                    **entry,
+                    "steps": config["schedule"]["steps"],
+                    "config": config,
+                    "split_mnll": {row["split"]: row["mnll"] for row in rows},
+                    "calibrated": any("noise_factor" in row for row in rows),
+                },
             )
     if not merged:
         raise SystemExit(f"uci_summary: no uci_{dataset}.json in {', '.join(map(str, folders))}")
