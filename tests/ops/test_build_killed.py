@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from pyro_whvi.ops.build import _processes_in
+
 from ..helpers import require_compiled_kernels
 from .test_build_robustness import BUILD_TIMEOUT_S, _build_dir, _check, _env
 
@@ -36,6 +38,21 @@ def _start_build(extensions: Path, log: Path) -> subprocess.Popen:
         )
 
 
+def _kill_job(build: subprocess.Popen, directory: Path) -> None:
+    """SIGKILL ``build`` as a job scheduler kills a job: every process of it, the compilers included. Ninja starts
+    each compiler in a process group of its own, so killing the build's group leaves them running (for 85 s here);
+    they are found by their working directory, the build folder, as :mod:`pyro_whvi.ops.build` finds them."""
+    os.killpg(build.pid, signal.SIGKILL)
+    build.wait()
+    deadline = time.monotonic() + 30
+    while running := _processes_in(directory):  # a compiler driver may start its next step meanwhile
+        assert time.monotonic() < deadline, f"processes {running} in {directory} outlived SIGKILL"
+        for pid in running:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.05)
+
+
 def _wait_for(condition, build: subprocess.Popen, log: Path, what: str) -> None:
     # A build's own time limit: the second build waits for the first's orphaned compilers before it says
     # "compiling", and with the other test worker busy they took over 120 s here (2026-12-05).
@@ -49,10 +66,10 @@ def _wait_for(condition, build: subprocess.Popen, log: Path, what: str) -> None:
 def test_killed_builds_do_not_hang_the_next_process(tmp_path):
     """SIGKILL a real build while its compiler runs, twice, then the next process must still get kernels.
 
-    The first build is killed with its process group, as a job scheduler kills a job; the second, which finds the
-    first's stale lock (and waits for the first's compilers where they outlive the kill, as they did here), is
-    killed alone, so its ninja and compiler go on as orphans; the third waits for them, removes the stale lock and
-    builds. Both kinds of kill in one test: two tests took a full build each after the kill (42-64 s apiece).
+    The first build is killed whole, as a job scheduler kills a job, and leaves torch's lock behind; the second
+    removes that stale lock and is killed alone, so its ninja and compilers go on as orphans; the third waits for
+    them, says so, removes the stale lock and builds (a link: the orphans compiled). Both kinds of kill in one test,
+    and one compile in all: the first build's compilers are killed with it, not left to finish for nothing.
     """
     require_compiled_kernels()
     extensions = tmp_path / "extensions"
@@ -67,23 +84,25 @@ def test_killed_builds_do_not_hang_the_next_process(tmp_path):
             logs[0],
             "torch's lock and build.ninja",
         )
-        time.sleep(1.0)  # the compiler is running now
-        os.killpg(builds[0].pid, signal.SIGKILL)
-        builds[0].wait()
         directory = _build_dir(extensions)
+        _wait_for(lambda: len(_processes_in(directory)) > 1, builds[0], logs[0], "ninja and a compiler")
+        _kill_job(builds[0], directory)
         # A first build says so before its compiler starts (a killed one too: the line names the folder it used).
         assert f"pyro_whvi: compiling the CPU kernels into {directory}" in logs[0].read_text(), logs[0].read_text()
         assert (directory / "lock").exists()  # the situation that used to hang every later process
 
         builds.append(_start_build(extensions, logs[1]))
         _wait_for(lambda: "compiling the CPU kernels" in logs[1].read_text(), builds[1], logs[1], "a second build")
-        time.sleep(1.0)
-        builds[1].kill()  # Python alone: its ninja and compiler go on
+        _wait_for(lambda: len(_processes_in(directory)) > 1, builds[1], logs[1], "ninja and a compiler")
+        builds[1].kill()  # Python alone: its ninja and compilers go on
         builds[1].wait()
-        assert "removed the stale lock" in logs[1].read_text(), logs[1].read_text()
+        second = logs[1].read_text()
+        assert "removed the stale lock" in second and "waiting for process" not in second, second
+        assert _processes_in(directory), "the second build's compilers did not outlive it: nothing to wait for"
 
         report, stderr = _check(extensions, timeout=BUILD_TIMEOUT_S)
         assert report == {"compiled": True, "warnings": []}, stderr[-3000:]
+        assert f"left running in {directory} by the interrupted build of process {builds[1].pid}" in stderr, stderr
         assert "removed the stale lock" in stderr
         assert "compiling the CPU kernels" in stderr
         assert not (directory / "lock").exists()
@@ -92,3 +111,6 @@ def test_killed_builds_do_not_hang_the_next_process(tmp_path):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(build.pid, signal.SIGKILL)  # orphans left by a failed run
             build.wait()
+        for pid in [pid for folder in extensions.glob("pyro_whvi_cpu_*") for pid in _processes_in(folder)]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)  # and their compilers
