@@ -47,9 +47,10 @@ def resolve_calibration(
     run = auto_calibration(protocol, train_rows, nproc=nproc)
     own = {method: auto_calibration(protocol, train_rows, base, iblm, nproc) for method, (base, iblm) in specs.items()}
     calibrated = [method for method, each in own.items() if each]
+    differs = {method: each for method, each in own.items() if each != run}
     if not calibrated:
-        return run, {m: each for m, each in own.items() if each != run}, ""
+        return run, differs, ""
     note = f"; noise calibrated on held-out rows for {', '.join(calibrated)} (below {AUTO_WIDE_FROM_ROWS:,} rows)"
     reasons = {method: "is not measured with {}" for method, each in own.items() if not each}
     note += exceptions_note("not", "the calibration", reasons)
-    return run, {m: each for m, each in own.items() if each != run}, note
+    return run, differs, note

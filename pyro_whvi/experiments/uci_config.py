@@ -271,14 +271,14 @@ class UCIConfig:
         :func:`~pyro_whvi.experiments.auto_calibration.resolve_calibration`)."""
         names = (name,) if isinstance(name, str) else tuple(dict.fromkeys(name))
         label = shown = names[0] if len(names) == 1 else ""
-        specs = [parse_method(method) for method in fields.get("methods", cls.methods)]
+        bases = {spec.name: (spec.base, spec.iblm) for spec in map(parse_method, fields.get("methods", cls.methods))}
         overrides = {"layers": layers, "hidden": hidden, "steps": steps, "lr": lr, "cooldown": cooldown}
         if AUTO_PROTOCOL in names:
             if len(names) > 1:
                 raise ValueError(f"--protocol: {AUTO_PROTOCOL} picks one protocol by the rows; give it alone")
             if train_rows is None:
                 raise TypeError(f"UCIConfig.from_protocol: {AUTO_PROTOCOL!r} needs train_rows")
-            run, own, shown = resolve_auto(train_rows, {spec.name: spec.base for spec in specs})
+            run, own, shown = resolve_auto(train_rows, {method: base for method, (base, _) in bases.items()})
             names = (run,)
             fields["method_protocols"] = tuple(
                 (m, {"name": p, **protocol_settings(p, dataset, **overrides)}) for m, p in own.items() if p != run
@@ -286,7 +286,6 @@ class UCIConfig:
         if fields.get("likelihood") == AUTO_LIKELIHOOD:
             if train_rows is None:
                 raise TypeError(f"UCIConfig.from_protocol: likelihood {AUTO_LIKELIHOOD!r} needs train_rows")
-            bases = {spec.name: (spec.base, spec.iblm) for spec in specs}
             fields["likelihood"], other, note = resolve_likelihood(label, train_rows, bases)
             fields["method_likelihoods"], shown = tuple(other.items()), shown + note
         calibration = fields.get("calibrate_noise", False)
@@ -298,7 +297,6 @@ class UCIConfig:
             if calibration == AUTO_CALIBRATION:
                 if train_rows is None:
                     raise TypeError(f"UCIConfig.from_protocol: calibrate_noise {AUTO_CALIBRATION!r} needs train_rows")
-                bases = {spec.name: (spec.base, spec.iblm) for spec in specs}
                 nproc = fields.get("nproc", cls.nproc)
                 fields["calibrate_noise"], calibrated, note = resolve_calibration(label, train_rows, bases, nproc)
                 fields["method_calibrations"], shown = tuple(calibrated.items()), shown + note
