@@ -28,7 +28,7 @@ def auto_calibration(protocol: str, train_rows: int, base: str = "whvi", iblm: b
     A fixed ``protocol`` (``--protocol table3``) keeps the paper's predictive.
 
     Measured with WHVI (``benchmarks/results/noise_recalibration/``): on the four small UCI sets (277-927 training
-    rows) the test MNLL falls on 14 of 20 splits (yacht 1.227 to 0.667, energy 0.826 to 0.780, Boston 2.435 to 2.409)
+    rows) the test MNLL falls on 14 of 20 splits (yacht 1.228 to 0.667, energy 0.826 to 0.780, Boston 2.435 to 2.409)
     and rises on 6, by at most 0.094 (energy's split 4); concrete's mean rises by 0.005. On synthetic sets of 450-1,800
     training rows with a known floor it moves the MNLL by -0.095 to +0.022 (twelve splits). The factor chosen moves
     towards 1 with the rows (yacht 0.09-0.17, concrete 0.82-1.01, 1,800 rows 1.04-1.12), where the ELBO's noise,
