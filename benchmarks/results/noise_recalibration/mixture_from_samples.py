@@ -8,6 +8,9 @@ rows (``noise_factor``), and on the test rows of the fit on all the training row
 * ``mixture_refit_c``: the same mixture with ``c`` chosen for it on the held-out rows (the choice not shipped).
 
 usage: python mixture_from_samples.py OUT_JSON KEPT.pt...
+
+Each run's entry (named by its file's stem) is added to OUT_JSON or replaces the entry of that name; the
+others are kept, so a run probed later joins the table without the samples of the earlier ones.
 """
 
 from __future__ import annotations
@@ -37,7 +40,8 @@ def mixture_factor(f: torch.Tensor, noise: float, y: torch.Tensor, keep: float) 
     return float(NOISE_FACTORS[int(torch.tensor(scores, dtype=torch.float64).argmin())])
 
 
-results = {}
+out = Path(sys.argv[1])
+results = json.loads(out.read_text()) if out.exists() else {}
 for path in sys.argv[2:]:
     kept = torch.load(path)
     f_val, y_val = kept["f_val"].double(), kept["y_val"].double()
@@ -60,4 +64,4 @@ for path in sys.argv[2:]:
     entry["rmse"] = float((f.mean(0) - y).pow(2).mean().sqrt()) * kept["y_scale"]
     results[Path(path).stem] = entry
     print(Path(path).stem, json.dumps(entry), flush=True)
-write_atomic(Path(sys.argv[1]), json.dumps(results, indent=1))
+write_atomic(out, json.dumps(dict(sorted(results.items())), indent=1))
