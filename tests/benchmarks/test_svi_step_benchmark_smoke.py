@@ -13,7 +13,7 @@ from .in_process import run_main
 
 @pytest.mark.slow
 def test_svi_step_benchmark_quick(tmp_path):
-    argv = ["--quick", "--max-log2-d", "8", "--batch", "8", "--rounds", "1", "--min-run-time", "0.01"]
+    argv = ["--quick", "--max-log2-d", "7", "--batch", "8", "--rounds", "1", "--min-run-time", "0.01"]
     argv += ["--threads", "1", "--device", "cpu", "--out", str(tmp_path)]  # --device cpu: the default, explicit
     # Inductor takes seconds per graph: tests/infer/test_jit_elbo.py and tests/nn/test_nn_layers.py run it.
     argv += ["--compile-backend", "aot_eager"]
@@ -25,7 +25,7 @@ def test_svi_step_benchmark_quick(tmp_path):
     assert data["meta"]["validation"] is False and data["meta"]["threads"] == 1 and data["meta"]["clock"] == "wall"
     assert data["meta"]["device"] == "CPU, 1 threads" and data["meta"]["compile_backend"] == "aot_eager"
     rows = {row["D"]: row for row in data["results"]}
-    assert sorted(rows) == [128, 256]
+    assert sorted(rows) == [128]
     for size, row in rows.items():
         assert row["batch"] == 8
         cases = ("plain", "plain_compiled", "layers", "layers_compiled", "autonormal", "whvi")
