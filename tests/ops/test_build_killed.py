@@ -54,8 +54,7 @@ def _kill_job(build: subprocess.Popen, directory: Path) -> None:
 
 
 def _wait_for(condition, build: subprocess.Popen, log: Path, what: str) -> None:
-    # A build's own time limit: the second build waits for the first's orphaned compilers before it says
-    # "compiling", and with the other test worker busy they took over 120 s here (2026-12-05).
+    # A build's own time limit: with the other test worker busy, a step of a build took over 120 s here (2026-12-05).
     deadline = time.monotonic() + BUILD_TIMEOUT_S
     while not condition():
         assert build.poll() is None, f"the build ended before {what}: {log.read_text()[-2000:]!r}"
