@@ -34,6 +34,7 @@ from pathlib import Path
 
 from pyro_whvi.experiments.methods import WHVI_COVARIANCES, parse_method
 from pyro_whvi.experiments.reporting import write_atomic
+from pyro_whvi.experiments.uci_protocols import AUTO_WIDE_FROM_ROWS
 from pyro_whvi.experiments.uci_report import FLOOR_LABELS, FLOOR_METRICS
 
 # WHVI paper, Table 3 (2 x 128 ReLU): dataset -> method -> (RMSE mean, std, MNLL mean, std)
@@ -300,7 +301,8 @@ def table(folders: list[Path], datasets: list[str]) -> tuple[str, dict]:
     if calibrated:
         header += (
             " Noise calibrated on held-out training rows (`whvi uci --calibrate-noise`, under `auto` the default for"
-            f" WHVI below 3,000 training rows; its factor per split in the run's own table): {', '.join(calibrated)}."
+            f" WHVI below {AUTO_WIDE_FROM_ROWS:,} training rows; its factor per split in the run's own table):"
+            f" {', '.join(calibrated)}."
         )
     blocks = [header, "", *lines]
     if len(floor_lines) > 2:

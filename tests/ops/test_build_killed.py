@@ -44,6 +44,11 @@ def _kill_job(build: subprocess.Popen, directory: Path) -> None:
     they are found by their working directory, the build folder, as :mod:`pyro_whvi.ops.build` finds them."""
     os.killpg(build.pid, signal.SIGKILL)
     build.wait()
+    _kill_processes_in(directory)
+
+
+def _kill_processes_in(directory: Path) -> None:
+    """SIGKILL every process working in ``directory`` (ninja and the compilers of a build there) until none is left."""
     deadline = time.monotonic() + 30
     while running := _processes_in(directory):  # a compiler driver may start its next step meanwhile
         assert time.monotonic() < deadline, f"processes {running} in {directory} outlived SIGKILL"
@@ -110,6 +115,5 @@ def test_killed_builds_do_not_hang_the_next_process(tmp_path):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(build.pid, signal.SIGKILL)  # orphans left by a failed run
             build.wait()
-        for pid in [pid for folder in extensions.glob("pyro_whvi_cpu_*") for pid in _processes_in(folder)]:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)  # and their compilers
+        for folder in extensions.glob("pyro_whvi_cpu_*"):
+            _kill_processes_in(folder)  # and their compilers
