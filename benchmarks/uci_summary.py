@@ -34,6 +34,7 @@ from pathlib import Path
 
 from pyro_whvi.experiments.methods import WHVI_COVARIANCES, parse_method
 from pyro_whvi.experiments.reporting import write_atomic
+from pyro_whvi.experiments.uci_config import UCIConfig
 from pyro_whvi.experiments.uci_protocols import AUTO_WIDE_FROM_ROWS
 from pyro_whvi.experiments.uci_report import FLOOR_LABELS, FLOOR_METRICS
 
@@ -98,12 +99,14 @@ def published(dataset: str) -> dict[str, float]:
 FLOOR_MNLL_GAP = 0.1
 FLOOR_NOISE_TOLERANCE = 0.1
 TEMPERED = " (KL "  # a row label's mark of a run with a KL weight other than 1
+DROPOUT = " (dropout "  # an MC dropout row's mark of a rate other than the default, or of rates chosen from
 
 
 def load(folders: list[Path], dataset: str) -> dict:
     """Method -> summary entry (with the run's ``steps``), each from the first folder that has it. A run with a
     tempered objective (``whvi uci --kl-weight``) is its own row, ``"<method> (KL <weight>)"``, or with the weight
-    chosen on validation, ``"<method> (KL from <candidates>)"``."""
+    chosen on validation, ``"<method> (KL from <candidates>)"``; MC dropout at a rate other than the default is
+    ``"mcd (dropout <rate>)"``, or with the rate chosen on validation ``"mcd (dropout from <candidates>)"``."""
     merged: dict = {}
     for folder in folders:
         path = folder / f"uci_{dataset}.json"
@@ -116,8 +119,11 @@ def load(folders: list[Path], dataset: str) -> dict:
             mark = f"{TEMPERED}from {','.join(f'{w:g}' for w in weight)})"
         else:
             mark = "" if weight == 1.0 else f"{TEMPERED}{weight:g})"
+        rate = config.get("dropout", UCIConfig.dropout)
+        rates = f"from {','.join(f'{r:g}' for r in rate)}" if isinstance(rate, list) else f"{rate:g}"
+        rated = "" if rate == UCIConfig.dropout else f"{DROPOUT}{rates})"
         for entry in record["results"]:
-            label = entry["method"] + mark
+            label = entry["method"] + mark + (rated if parse_method(entry["method"]).base == "mcd" else "")
             rows = [row for row in record["meta"]["splits"] if row["method"] == entry["method"]]
             merged.setdefault(
                 label,
@@ -138,7 +144,8 @@ def is_whvi_variant(method: str) -> bool:
     """Whether ``method`` (a row of :func:`load`) is one of the library's WHVI guides, however initialized, trained
     on the ELBO or with a KL weight chosen on validation rows (a weight given by hand is a diagnostic of what the KL
     costs: looking at test scores to give it would tune on the test set)."""
-    name, tempered, weight = method.partition(TEMPERED)
+    _, tempered, weight = method.partition(TEMPERED)
+    name = method.split(" (")[0]
     return (not tempered or weight.startswith("from ")) and parse_method(name).base in WHVI_COVARIANCES
 
 

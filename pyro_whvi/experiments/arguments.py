@@ -18,6 +18,8 @@ __all__ = [
     "nonnegative",
     "positive",
     "positive_float",
+    "positive_numbers",
+    "rates",
     "samples",
     "steps",
 ]
@@ -86,6 +88,20 @@ def positive_float(text: str) -> float:
     if not 0 < value < math.inf:
         raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
     return value
+
+
+def positive_numbers(text: str) -> float | tuple[float, ...]:
+    """The argument type of one positive number, or of several separated by commas (candidates, as a tuple)."""
+    numbers = tuple(positive_float(part.strip()) for part in text.split(","))
+    return numbers if len(numbers) > 1 else numbers[0]
+
+
+def rates(text: str) -> float | tuple[float, ...]:
+    """:func:`positive_numbers` below 1: one rate, or several candidates (e.g. MC dropout's)."""
+    numbers = positive_numbers(text)
+    if max(numbers if isinstance(numbers, tuple) else (numbers,)) >= 1:
+        raise argparse.ArgumentTypeError(f"expected rates below 1, e.g. 0.005,0.01,0.05,0.1, got {text!r}")
+    return numbers
 
 
 def float_in(low: float, high: float, why: str) -> Callable[[str], float]:

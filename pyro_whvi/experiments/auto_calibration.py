@@ -5,9 +5,19 @@ held-out rows (:mod:`~pyro_whvi.experiments.noise_calibration`): by the method a
 
 from __future__ import annotations
 
+from typing import Any
+
 from .uci_protocols import AUTO_PROTOCOL, AUTO_WIDE_FROM_ROWS, _from_threshold, exceptions_note
 
-__all__ = ["AUTO_CALIBRATION", "CALIBRATED_METHODS", "CALIBRATION_CHOICES", "auto_calibration", "resolve_calibration"]
+__all__ = [
+    "AUTO_CALIBRATION",
+    "CALIBRATED_METHODS",
+    "CALIBRATION_CHOICES",
+    "auto_calibration",
+    "calibration_fields",
+    "check_calibrations",
+    "resolve_calibration",
+]
 
 #: ``whvi uci --calibrate-noise``: ``on`` for every method of the run, ``off``, or :data:`AUTO_CALIBRATION`.
 CALIBRATION_CHOICES = ("auto", "on", "off")
@@ -54,3 +64,33 @@ def resolve_calibration(
     reasons = {method: "is not measured with {}" for method, each in own.items() if not each}
     note += exceptions_note("not", "the calibration", reasons)
     return run, differs, note
+
+
+def check_calibrations(
+    calibrate_noise: bool, method_calibrations: tuple[tuple[str, bool], ...], methods: tuple[str, ...]
+) -> None:
+    """Raise a :class:`ValueError` naming the field unless ``calibrate_noise`` and each of ``method_calibrations``
+    (pairs ``(method, bool)``, each method one of ``methods``) is a bool, as ``"auto"`` resolves
+    (:func:`resolve_calibration`)."""
+    for owner, each in (("", calibrate_noise), *method_calibrations):
+        if not isinstance(each, bool):  # "auto" is resolved by UCIConfig.from_protocol, by the rows
+            what = f"method_calibrations[{owner!r}]" if owner else "calibrate_noise"
+            raise ValueError(f"UCIConfig: {what} must be True or False, got {each!r} (from_protocol takes 'auto')")
+        if owner and owner not in methods:
+            raise ValueError(f"UCIConfig: method_calibrations names {owner!r}, not one of methods {methods}.")
+
+
+def calibration_fields(
+    calibration: str, protocol: str, train_rows: int | None, specs: dict[str, tuple[str, bool]], nproc: int = 1
+) -> tuple[dict[str, Any], str]:
+    """The :class:`~.uci_config.UCIConfig` fields that ``whvi uci --calibrate-noise calibration`` (one of
+    :data:`CALIBRATION_CHOICES`) gives the methods ``specs`` (``{method: (base, iblm)}``) under ``protocol`` on
+    ``train_rows`` training rows (needed by ``"auto"``: :func:`resolve_calibration`), and the header's note."""
+    if calibration not in CALIBRATION_CHOICES:
+        raise ValueError(f"--calibrate-noise: one of {', '.join(CALIBRATION_CHOICES)} expected, got {calibration!r}")
+    if calibration != AUTO_CALIBRATION:
+        return {"calibrate_noise": calibration == "on"}, ""
+    if train_rows is None:
+        raise TypeError(f"UCIConfig.from_protocol: calibrate_noise {AUTO_CALIBRATION!r} needs train_rows")
+    run, differs, note = resolve_calibration(protocol, train_rows, specs, nproc)
+    return {"calibrate_noise": run, "method_calibrations": tuple(differs.items())}, note

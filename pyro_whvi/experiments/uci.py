@@ -103,11 +103,12 @@ def run_split(
     """Train ``spec`` on split ``split`` (:func:`train_split`); return its row of metrics and, for
     classification, the reliability diagram's bins (``{"reliability": [confidence, accuracy, count]}``).
 
-    With several candidates (``config.kl_weights``, ``config.protocols``) the settings are chosen first
-    (:func:`choose_settings`, its scores kept in ``selection_store``; ``checkpoint`` is then kept per choice); the
-    row names the choice (``kl_weight``, and ``protocol`` with its ``hidden``, ``layers``, ``steps`` and ``lr``
-    where there are protocols), every candidate's validation score and the seconds the candidates took (counted in
-    ``train_seconds``). A method with the likelihood ``"by-residuals"`` (regression) is trained by
+    With several candidates (``config.kl_weights``, ``config.protocols``, for ``mcd`` ``config.dropouts``) the
+    settings are chosen first (:func:`choose_settings`, its scores kept in ``selection_store``; ``checkpoint`` is
+    then kept per choice); the row names the choice (``kl_weight``, ``dropout`` where there are several rates, and
+    ``protocol`` with its ``hidden``, ``layers``, ``steps`` and ``lr`` where there are protocols), every candidate's
+    validation score and the seconds the candidates took (counted in ``train_seconds``). A method with the
+    likelihood ``"by-residuals"`` (regression) is trained by
     :func:`~pyro_whvi.experiments.likelihood_choice.train_choosing_likelihood` (its check kept in
     :func:`~pyro_whvi.experiments.likelihood_choice.check_store`); the row names the ``likelihood`` chosen and the
     ``noise_gain`` it was chosen by. Where ``config.calibrates`` the method, its noise is calibrated on held-out rows
@@ -121,15 +122,18 @@ def run_split(
     settings, label = config, ""
     if data is None:  # loaded once and passed down (whvi uci loads each split once for all its methods)
         data = load_dataset_split(source, split, standardize_targets=config.standardize_targets)
-    if config.choosing:
-        label, settings, scores, seconds = choose_settings(source, spec, split, config, selection_store, data)
+    own = config.for_method(spec.name)  # the dropout rates are candidates for mcd alone
+    if own.choosing:
+        label, settings, scores, seconds = choose_settings(source, spec, split, own, selection_store, data)
         chosen = {"kl_weight": settings.kl_weight, "validation_scores": scores, "selection_seconds": seconds}
-        if config.protocols:  # the label is the protocol's name, then ":kl<weight>" where several weights
+        if len(own.dropouts) > 1:
+            chosen["dropout"] = settings.dropout
+        if config.protocols:  # the label is the protocol's name, then the other parts (UCIConfig.candidates)
             chosen["protocol"] = label.split(":")[0]
             chosen.update(layers=settings.layers, hidden=settings.hidden)
             chosen.update(steps=settings.schedule.steps, lr=settings.schedule.lr)
         if checkpoint is not None:  # a run begun with another choice is not resumed with this one
-            choice = f"kl{settings.kl_weight!r}" if not config.protocols else label
+            choice = label if config.protocols or len(own.dropouts) > 1 else f"kl{settings.kl_weight!r}"
             checkpoint = replace(checkpoint, key=f"{checkpoint.key}:{choice}")
     calibration: dict[str, Any] = {}
     if config.calibrates(spec.name):  # before the split's own training, which seeds itself: its draws are unchanged

@@ -8,49 +8,22 @@ import sys
 import warnings
 from pathlib import Path
 
-from .arguments import at_most, check_device, float_in, nonnegative, positive, positive_float, samples, steps
+from .arguments import (
+    at_most,
+    check_device,
+    float_in,
+    nonnegative,
+    positive,
+    positive_float,
+    positive_numbers,
+    rates,
+    samples,
+    steps,
+)
 from .memory_budget import MAX_STEPS
+from .uci_arguments import config_from_arguments, method_names, protocol_names, split_numbers
 
 __all__ = ["add_uci_command", "run_uci_command"]
-
-
-def _uci_methods(text: str) -> tuple[str, ...]:
-    from .methods import parse_method
-
-    methods = tuple(m.strip() for m in text.split(",") if m.strip())
-    if not methods:
-        raise argparse.ArgumentTypeError("expected comma-separated methods, e.g. mfg,mcd,whvi")
-    try:
-        return tuple(dict.fromkeys(parse_method(m).name for m in methods))  # each method once, as --splits
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
-
-
-def _splits(text: str) -> tuple[int, ...]:
-    from .uci import parse_splits
-
-    try:
-        return parse_splits(text)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
-
-
-def _kl_weights(text: str) -> float | tuple[float, ...]:
-    weights = tuple(positive_float(part.strip()) for part in text.split(","))
-    return weights if len(weights) > 1 else weights[0]
-
-
-def _protocols(text: str) -> tuple[str, ...]:
-    from .uci_config import AUTO_PROTOCOL, UCI_PROTOCOLS
-
-    names = tuple(dict.fromkeys(part.strip() for part in text.split(",")))
-    unknown = [name for name in names if name not in (*UCI_PROTOCOLS, AUTO_PROTOCOL)]
-    if unknown or not names or (AUTO_PROTOCOL in names and len(names) > 1):
-        raise argparse.ArgumentTypeError(
-            f"{AUTO_PROTOCOL} alone, or one of {', '.join(UCI_PROTOCOLS)}, or several of them separated by commas "
-            f"(e.g. table3,wide), got {text!r}"
-        )
-    return names
 
 
 def add_uci_command(commands) -> None:
@@ -86,11 +59,11 @@ def add_uci_command(commands) -> None:
     defaults, schedule = UCIConfig(), Schedule()
     uci.add_argument(
         "--methods",
-        type=_uci_methods,
+        type=method_names,
         default=defaults.methods,
         help=f"comma-separated, from {','.join(METHODS)} (+iblm on the variational ones; default mfg,mcd,whvi)",
     )
-    uci.add_argument("--splits", type=_splits, default=defaults.splits, help="e.g. 0-4 or 0,3,7 (default 0-4)")
+    uci.add_argument("--splits", type=split_numbers, default=defaults.splits, help="e.g. 0-4 or 0,3,7 (default 0-4)")
     uci.add_argument("--steps", type=steps, help="SVI steps (default: the protocol's, 50,500)")
     uci.add_argument(
         "--fixed-noise-steps",
@@ -109,7 +82,7 @@ def add_uci_command(commands) -> None:
     protocol = uci.add_mutually_exclusive_group()
     protocol.add_argument(
         "--protocol",
-        type=_protocols,
+        type=protocol_names,
         metavar="{" + ",".join((AUTO_PROTOCOL, *UCI_PROTOCOLS)) + "}[,...]",
         help=f"{AUTO_PROTOCOL} (the default): table3 below {AUTO_WIDE_FROM_ROWS:,} training rows, from it wide for "
         f"whvi, nf-whvi and whvi-lowrank, deep for whvi from {AUTO_DEEP_FROM_ROWS:,} (table3 for the others, chosen "
@@ -151,7 +124,7 @@ def add_uci_command(commands) -> None:
     )
     uci.add_argument(
         "--kl-weight",
-        type=_kl_weights,
+        type=positive_numbers,
         default=defaults.kl_weight,
         help="weight of the KL term for every method (default 1: the ELBO, as in the papers); below 1 a tempered "
         "posterior, to measure what the KL costs; the table says so. Several, e.g. 1,0.3,0.1: each split chooses "
@@ -177,7 +150,13 @@ def add_uci_command(commands) -> None:
         "in one process (the default); off: none",
     )
     uci.add_argument("--samples", type=samples, default=defaults.samples, help="test-time posterior samples")
-    uci.add_argument("--dropout", type=positive_float, default=defaults.dropout, help="MC dropout rate (default 0.005)")
+    uci.add_argument(
+        "--dropout",
+        type=rates,
+        default=defaults.dropout,
+        help="MC dropout rate (default 0.005). Several, e.g. 0.005,0.01,0.05,0.1 (Gal's grid): each split chooses "
+        "mcd's on a --val-fraction of its training rows, as --kl-weight does",
+    )
     uci.add_argument("--flows", type=positive, default=defaults.flows, help="planar flows of nf-whvi (default 3)")
     uci.add_argument("--reflections", type=nonnegative, default=defaults.reflections, help="VSD's Householder T")
     uci.add_argument("--seed", type=nonnegative, default=defaults.seed)
@@ -227,34 +206,6 @@ def _one_line_warning(message, category, filename, lineno, file=None, line=None)
     tqdm.write(f"whvi uci: warning: {' '.join(str(message).splitlines())}", file=sys.stderr)
 
 
-#: Arguments that set the protocol's network and schedule (UCIConfig.from_protocol's keywords).
-_PROTOCOL_ARGUMENTS = ("hidden", "layers", "steps", "lr", "fixed_noise_steps", "batch_size", "cooldown")
-
-
-def _config_from_arguments(args: argparse.Namespace, dataset: str, train_rows: int):
-    """The :class:`~pyro_whvi.experiments.uci_config.UCIConfig` the arguments describe on ``dataset`` with
-    ``train_rows`` training rows: every argument named as a field goes to it, the protocol's through
-    :meth:`~pyro_whvi.experiments.uci_config.UCIConfig.from_protocol`."""
-    from dataclasses import fields
-
-    from .uci_config import AUTO_PROTOCOL, UCIConfig
-
-    if args.preset is not None:
-        print(
-            "whvi uci: --preset is now --protocol (the same choices); --preset goes in the next release",
-            file=sys.stderr,
-        )
-    values = dict(vars(args))
-    values["standardize_targets"] = not values.pop("raw_targets")  # the one argument named for its opposite
-    values["samples"] = max(2, args.samples)
-    names = {field.name for field in fields(UCIConfig)} - {"schedule", "hidden", "layers", "progress", "protocol"}
-    settings = {name: value for name, value in values.items() if name in names}
-    protocol = args.protocol or ((args.preset,) if args.preset else (AUTO_PROTOCOL,))
-    return UCIConfig.from_protocol(
-        protocol, dataset, train_rows=train_rows, **{name: values[name] for name in _PROTOCOL_ARGUMENTS}, **settings
-    )
-
-
 def run_uci_command(args: argparse.Namespace) -> int:
     from datetime import timedelta
 
@@ -282,14 +233,12 @@ def run_uci_command(args: argparse.Namespace) -> int:
             raise ValueError(f"--threads: at most {os.cpu_count()} (the cores here) expected, got {args.threads}")
         if args.cooldown is not None and not 0 <= args.cooldown < 1:
             raise ValueError(f"--cooldown: a fraction of the steps in [0, 1) expected (0: none), got {args.cooldown}")
-        if args.dropout >= 1:
-            raise ValueError(f"--dropout must be below 1, got {args.dropout}")
         sizes = check_source(source, tuple(dict.fromkeys(args.splits)))
         if args.likelihood in ("heteroscedastic", BY_RESIDUALS) and sizes.outputs > 1:
             raise ValueError(f"--likelihood {args.likelihood} is for regression; {source} is a classification set")
         if sizes.outputs > 1:  # classification: the likelihood is categorical, whatever --likelihood
             args.likelihood, args.calibrate_noise = "gaussian", args.calibrate_noise.replace("auto", "off")
-        config = _config_from_arguments(args, Path(source).name, sizes.train)
+        config = config_from_arguments(args, Path(source).name, sizes.train)
         check_uci_memory(config, sizes)
         check_validation(source, config)
         check_writable(args.out)

@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from ..train.schedule import shard_size
-from .auto_calibration import AUTO_CALIBRATION, CALIBRATION_CHOICES, resolve_calibration
+from .auto_calibration import calibration_fields, check_calibrations
 from .methods import Schedule, parse_method
 from .uci_fingerprint import ENGINE_VERSION, settings_fingerprint
 from .uci_protocols import (
@@ -22,7 +22,7 @@ from .uci_protocols import (
     auto_protocol,
     check_likelihoods,
     check_method_protocols,
-    check_protocol,
+    check_protocols,
     protocol_settings,
     resolve_auto,
     resolve_likelihood,
@@ -100,6 +100,10 @@ class UCIConfig:
     ``nproc`` 1; :mod:`~pyro_whvi.experiments.noise_calibration`); ``method_calibrations``, ``(method, bool)`` pairs,
     gives a method the other setting (:meth:`calibrates`), as ``--calibrate-noise auto`` resolves
     (:func:`~pyro_whvi.experiments.auto_calibration.auto_calibration`).
+
+    ``dropout``: MC dropout's rate (``mcd`` alone). Several rates (a tuple) are candidates for ``mcd``, chosen per
+    split on held-out rows as the KL weights are and jointly with them, as Gal's updated UCI results choose theirs
+    (from 0.005, 0.01, 0.05 and 0.1); every other method trains, and is fingerprinted, with the first.
     """
 
     methods: tuple[str, ...] = ("mfg", "mcd", "whvi")
@@ -109,7 +113,7 @@ class UCIConfig:
     layers: int = 2
     samples: int = 64
     noise_scale: float = 0.1
-    dropout: float = 0.005
+    dropout: float | tuple[float, ...] = 0.005
     flows: int = 3
     reflections: int = 1
     seed: int = 0
@@ -139,8 +143,12 @@ class UCIConfig:
             raise ValueError(f"UCIConfig: at least one method and non-negative splits expected, got {self}.")
         if self.hidden < 1 or self.layers < 0 or self.samples < 2 or self.noise_scale <= 0:
             raise ValueError("UCIConfig: hidden >= 1, layers >= 0, samples >= 2 and noise_scale > 0 expected.")
-        if not 0.0 < self.dropout < 1.0 or self.flows < 1 or self.reflections < 0:
-            raise ValueError("UCIConfig: dropout in (0, 1), flows >= 1 and reflections >= 0 expected.")
+        if not self.dropouts or not all(0.0 < rate < 1.0 for rate in self.dropouts):
+            raise ValueError(f"UCIConfig: dropout in (0, 1) expected (several: candidates), got {self.dropout!r}.")
+        if self.flows < 1 or self.reflections < 0:
+            raise ValueError("UCIConfig: flows >= 1 and reflections >= 0 expected.")
+        rates = tuple(dict.fromkeys(float(rate) for rate in self.dropouts))
+        object.__setattr__(self, "dropout", rates if len(rates) > 1 else rates[0])  # one: a number, as kl_weight
         weights = self.kl_weights
         if not weights or not all(weight > 0 for weight in weights):
             raise ValueError(f"UCIConfig: kl_weight > 0 expected (1 is the ELBO), got {self.kl_weight!r}.")
@@ -152,20 +160,12 @@ class UCIConfig:
             self, "method_protocols", tuple((str(m), {"cooldown": 0.0, **p}) for m, p in self.method_protocols)
         )
         check_method_protocols(self.method_protocols, self.methods, self.protocols)
-        for protocol in self.protocols:
-            check_protocol(protocol)
-        if len({protocol["name"] for protocol in self.protocols}) < len(self.protocols):
-            raise ValueError(f"UCIConfig: protocol names must differ, got {[p['name'] for p in self.protocols]}.")
-        for owner, each in (("", self.calibrate_noise), *self.method_calibrations):
-            if not isinstance(each, bool):  # "auto" is resolved by from_protocol, by the rows
-                what = f"method_calibrations[{owner!r}]" if owner else "calibrate_noise"
-                raise ValueError(f"UCIConfig: {what} must be True or False, got {each!r} (from_protocol takes 'auto')")
-            if owner and owner not in self.methods:
-                raise ValueError(f"UCIConfig: method_calibrations names {owner!r}, not one of methods {self.methods}.")
+        check_protocols(self.protocols)
+        check_calibrations(self.calibrate_noise, self.method_calibrations, self.methods)
         if self.holding_out and not 0 < self.val_fraction < 1:
             raise ValueError(f"UCIConfig: val_fraction in (0, 1) expected, got {self.val_fraction!r}.")
         if self.holding_out and self.nproc > 1:
-            what = "choosing among several KL weights or protocols" if self.choosing else "calibrate_noise"
+            what = "choosing among KL weights, protocols or dropout rates" if self.choosing else "calibrate_noise"
             fix = ", or one candidate." if self.choosing else " (or no --calibrate-noise)."
             raise ValueError(f"UCIConfig: {what} runs in one process; give nproc 1{fix}")
         object.__setattr__(self, "method_likelihoods", tuple((str(m), str(v)) for m, v in self.method_likelihoods))
@@ -196,6 +196,11 @@ class UCIConfig:
         """The KL weight, or the candidates chosen from on validation (``kl_weight`` as a tuple)."""
         return tuple(self.kl_weight) if isinstance(self.kl_weight, (tuple, list)) else (self.kl_weight,)
 
+    @property
+    def dropouts(self) -> tuple[float, ...]:
+        """MC dropout's rate, or the candidates chosen from on validation (``dropout`` as a tuple)."""
+        return tuple(self.dropout) if isinstance(self.dropout, (tuple, list)) else (self.dropout,)
+
     def likelihood_of(self, method: str) -> str:
         """The likelihood ``method`` trains with (regression): its ``method_likelihoods`` entry, else ``likelihood``."""
         return dict(self.method_likelihoods).get(method, self.likelihood)
@@ -207,9 +212,12 @@ class UCIConfig:
 
     def for_method(self, method: str) -> UCIConfig:
         """These settings as ``method`` trains with them, alone: its likelihood as ``likelihood``, its network and
-        schedule from ``method_protocols``, its calibration as ``calibrate_noise``."""
+        schedule from ``method_protocols``, its calibration as ``calibrate_noise``, and the first of the dropout rates
+        unless it is ``mcd``, the one method they apply to."""
         network = self._network(dict(self.method_protocols).get(method))
         own = replace(self, method_protocols=(), calibrate_noise=self.calibrates(method), method_calibrations=())
+        if parse_method(method).base != "mcd":
+            own = replace(own, dropout=self.dropouts[0])
         own = replace(own, **network)
         return replace(own, methods=(method,), likelihood=self.likelihood_of(method), method_likelihoods=())
 
@@ -223,7 +231,7 @@ class UCIConfig:
     @property
     def choosing(self) -> bool:
         """Whether each split chooses its settings on held-out training rows (several candidates)."""
-        return len(self.kl_weights) * max(1, len(self.protocols)) > 1
+        return len(self.kl_weights) * max(1, len(self.protocols)) * len(self.dropouts) > 1
 
     @property
     def holding_out(self) -> bool:
@@ -232,17 +240,20 @@ class UCIConfig:
         return self.choosing or any(self.calibrates(method) for method in self.methods)
 
     def candidates(self) -> list[tuple[str, UCIConfig]]:
-        """``(label, settings)`` of every candidate: one KL weight each, and a protocol's network and schedule
-        where there are ``protocols``. The label keys the validation scores: the weight's ``repr`` without
-        protocols, else the protocol's name, followed by ``:kl`` and the weight's ``repr`` when several weights."""
-        protocols = self.protocols or (None,)
-        several_weights = len(self.kl_weights) > 1
+        """``(label, settings)`` of every candidate: one KL weight and one dropout rate each, and a protocol's network
+        and schedule where there are ``protocols``. The label keys the validation scores: the weight's ``repr``
+        alone, or the parts that vary joined by ``:`` (the protocol's name, ``kl`` and the weight's ``repr``,
+        ``dropout`` and the rate's ``repr``)."""
         result = []
-        for protocol in protocols:
+        for protocol in self.protocols or (None,):
             for weight in self.kl_weights:
-                settings = replace(self, kl_weight=weight, protocols=(), **self._network(protocol))
-                label = repr(weight) if protocol is None else protocol["name"] + (f":kl{weight!r}" * several_weights)
-                result.append((label, settings))
+                for rate in self.dropouts:
+                    settings = replace(self, kl_weight=weight, dropout=rate, protocols=(), **self._network(protocol))
+                    parts = [protocol["name"]] if protocol is not None else []
+                    if len(self.kl_weights) > 1:
+                        parts.append(f"kl{weight!r}" if parts or len(self.dropouts) > 1 else repr(weight))
+                    parts += [f"dropout{rate!r}"] * (len(self.dropouts) > 1)
+                    result.append((":".join(parts), settings))
         return result
 
     @classmethod
@@ -288,18 +299,10 @@ class UCIConfig:
                 raise TypeError(f"UCIConfig.from_protocol: likelihood {AUTO_LIKELIHOOD!r} needs train_rows")
             fields["likelihood"], other, note = resolve_likelihood(label, train_rows, bases)
             fields["method_likelihoods"], shown = tuple(other.items()), shown + note
-        calibration = fields.get("calibrate_noise", False)
-        if isinstance(calibration, str):  # whvi uci's --calibrate-noise
-            if calibration not in CALIBRATION_CHOICES:
-                choices = ", ".join(CALIBRATION_CHOICES)
-                raise ValueError(f"--calibrate-noise: one of {choices} expected, got {calibration!r}")
-            fields["calibrate_noise"] = calibration == "on"
-            if calibration == AUTO_CALIBRATION:
-                if train_rows is None:
-                    raise TypeError(f"UCIConfig.from_protocol: calibrate_noise {AUTO_CALIBRATION!r} needs train_rows")
-                nproc = fields.get("nproc", cls.nproc)
-                fields["calibrate_noise"], calibrated, note = resolve_calibration(label, train_rows, bases, nproc)
-                fields["method_calibrations"], shown = tuple(calibrated.items()), shown + note
+        if isinstance(fields.get("calibrate_noise"), str):  # whvi uci's --calibrate-noise
+            nproc = fields.get("nproc", cls.nproc)
+            calibration, note = calibration_fields(fields["calibrate_noise"], label, train_rows, bases, nproc)
+            fields, shown = {**fields, **calibration}, shown + note
         fields.setdefault("protocol", shown)
         candidates = [{"name": each, **protocol_settings(each, dataset, **overrides)} for each in names]
         if len(candidates) > 1:

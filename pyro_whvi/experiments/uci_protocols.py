@@ -24,6 +24,7 @@ __all__ = [
     "check_likelihoods",
     "check_method_protocols",
     "check_protocol",
+    "check_protocols",
     "exceptions_note",
     "head_kept",
     "head_refused",
@@ -154,6 +155,15 @@ def check_protocol(protocol: dict) -> None:
         raise ValueError(f"UCIConfig: protocol {protocol['name']!r} needs hidden, steps >= 1, layers >= 0 and lr > 0.")
     if not 0 <= protocol["cooldown"] < 1:
         raise ValueError(f"UCIConfig: protocol {protocol['name']!r} needs a cooldown in [0, 1) (0: none).")
+
+
+def check_protocols(protocols: tuple[dict, ...]) -> None:
+    """Raise a :class:`ValueError` naming what is wrong unless each of ``protocols`` (candidates chosen on held-out
+    rows) passes :func:`check_protocol` and their names differ."""
+    for protocol in protocols:
+        check_protocol(protocol)
+    if len({protocol["name"] for protocol in protocols}) < len(protocols):
+        raise ValueError(f"UCIConfig: protocol names must differ, got {[p['name'] for p in protocols]}.")
 
 
 def check_method_protocols(

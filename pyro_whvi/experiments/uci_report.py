@@ -18,6 +18,7 @@ from ..metrics import (
     predictive_entropy,
     rmse,
 )
+from .methods import parse_method
 from .noisy_sets import noise_floor
 from .reporting import draw_reliability, summarize_by, write_atomic
 from .uci_protocols import BY_RESIDUALS
@@ -116,6 +117,10 @@ def summary_table(name: str, summary: list[dict[str, Any]], config: UCIConfig) -
     if len(weights) > 1:
         candidates = ", ".join(f"{weight:g}" for weight in weights)
         tempered = f", KL weight chosen from {candidates} {held_out}"
+    if any(parse_method(e["method"]).base == "mcd" for e in summary):
+        rates = ", ".join(f"{rate:g}" for rate in config.dropouts)
+        tempered += f", MC dropout's rate chosen from {rates} {held_out}" if len(config.dropouts) > 1 else ""
+        tempered += f", MC dropout rate {rates}" if len(config.dropouts) == 1 else ""
     cooldown = f" cooled down over the last {schedule.cooldown * 100:g}% of steps" if schedule.cooldown else ""
     device = f", trained on {config.device}" if config.device != "cpu" else ""
     network = f"{config.layers}x{config.hidden} ReLU, {schedule.steps} steps{noise}, batch {schedule.batch_size}, "
@@ -182,7 +187,8 @@ def plot_reliability(path: Path, reliability: dict[str, list]) -> None:
 
 def _choice(row: dict[str, Any], config: UCIConfig) -> str:
     weight = f"{row['kl_weight']:g}" if len(config.kl_weights) > 1 else ""
-    return " ".join(filter(None, [row.get("protocol", "") if config.protocols else "", weight]))
+    rate = f"dropout {row['dropout']:g}" if "dropout" in row else ""
+    return " ".join(filter(None, [row.get("protocol", "") if config.protocols else "", weight, rate]))
 
 
 def _per_method(rows: list[dict[str, Any]], methods: tuple[str, ...], key: str, shown) -> str:
@@ -200,10 +206,12 @@ def choices_text(rows: list[dict[str, Any]], config: UCIConfig, gain_threshold: 
     rows with a ``noise_factor``), each a paragraph after two newlines; ``""`` if none."""
     text = ""
     if config.choosing:
-        what = " and ".join(["protocol"] * bool(config.protocols) + ["KL weight"] * (len(config.kl_weights) > 1))
+        parts = ["protocol"] * bool(config.protocols) + ["KL weight"] * (len(config.kl_weights) > 1)
+        what = " and ".join(parts + ["MC dropout's rate"] * (len(config.dropouts) > 1))
         text += f"\n\n{what[0].upper()}{what[1:]} chosen per split on validation: " + "; ".join(
             f"{method}: " + ", ".join(_choice(row, config) for row in rows if row["method"] == method)
             for method in config.methods
+            if config.for_method(method).choosing
         )
     likelihoods = _per_method(
         rows,

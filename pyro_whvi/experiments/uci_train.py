@@ -84,6 +84,11 @@ def train_split(
             )
         kl_weight = config.kl_weights[0]
     config = config.for_method(spec.name)  # its likelihood, network and schedule (UCIConfig.method_protocols)
+    if len(config.dropouts) > 1:
+        raise ValueError(
+            f"train_split: config.dropout holds {len(config.dropouts)} candidates for {spec.name}; pass the settings "
+            "of one (config.candidates(); choose_settings chooses one)"
+        )
     if data is None:
         data = load_dataset_split(source, split, standardize_targets=config.standardize_targets)
     pyro.set_rng_seed(config.seed + split)
@@ -97,7 +102,7 @@ def train_split(
         widths,
         likelihood=likelihood if regression else "categorical",
         noise_scale=config.noise_scale,
-        dropout=config.dropout,
+        dropout=config.dropouts[0],
         flows=config.flows,
         reflections=config.reflections,
     )

@@ -609,6 +609,13 @@ def test_uci_summary_script_compares_with_the_paper(tmp_path):
     module.main(["--results", str(chosen), "--results", str(chosen_mcd), "--datasets", "yacht"])
     text = (chosen / "uci_summary.md").read_text()
     assert "| yacht | mcd (KL from 1,0.1) | 1 |" in text and "for MC dropout too: " in text
+    # MC dropout at another rate, or with its rate chosen on validation rows, is its own row: not the default's.
+    rated = tmp_path / "rated"
+    run_uci(directory, replace(config, methods=("mcd",), splits=(0,), dropout=(0.005, 0.3)), rated)
+    run_uci(directory, replace(config, methods=("mcd",), splits=(0,), dropout=0.3), rated / "fixed")
+    merged = module.load([rated, rated / "fixed", chosen_mcd], "yacht")
+    assert {"mcd (dropout from 0.005,0.3)", "mcd (dropout 0.3)", "mcd (KL from 1,0.1)"} <= merged.keys()
+    assert "mcd" not in merged and not any(module.is_whvi_variant(label) for label in merged)
 
 
 def test_uci_summary_names_the_published_peers_of_the_standard_sets_only():
