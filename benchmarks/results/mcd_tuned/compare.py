@@ -1,0 +1,77 @@
+"""MC dropout at each rate measured here against its default (``uci_table3/mcd``: rate 0.005) and WHVI's default
+(``uci_calibrated``): per set the test MNLL and RMSE (mean ± standard error over the splits) of each rate, of the
+best rate per split chosen on the test rows (an oracle: more than tuning MC dropout could give), and of MC dropout
+with its rate chosen on held-out rows (``choice_<set>``), and on how many splits WHVI's default is lower than each.
+A markdown table.
+
+Run from the repository root: ``python benchmarks/results/mcd_tuned/compare.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+RESULTS = Path("benchmarks/results")
+HERE = RESULTS / "mcd_tuned"
+SETS = {"yacht": "whvi", "energy": "whvi_energy", "bostonHousing": "whvi_boston", "concrete": "whvi_concrete"}
+# label: the folder of a set's table, given the set's name
+SETTINGS = {
+    "rate 0.005 (the default)": lambda name: default_rate(name),
+    "rate 0.01": lambda name: HERE / f"p0.01_{name}",
+    "rate 0.05": lambda name: HERE / f"p0.05_{name}",
+}
+CHOSEN = "the rate chosen on held-out rows from 0.005, 0.01, 0.05, 0.1 (`--dropout 0.005,0.01,0.05,0.1`)"
+ORACLE = "the best of the fixed rates per split, chosen on the test rows (an oracle)"
+
+
+def default_rate(name: str) -> Path:
+    """The folder of MC dropout at its default rate on ``name``: rerun at engine version 3 where it was (Boston,
+    concrete), else ``uci_table3/mcd`` (engine version 1)."""
+    rerun = HERE / f"p0.005_engine3_{name}"
+    return rerun if (rerun / f"uci_{name}.json").exists() else RESULTS / "uci_table3" / "mcd"
+
+
+def by_split(folder: Path, name: str) -> dict[int, dict]:
+    """``{split: row}`` of the per-split rows ``whvi uci`` keeps in ``folder``'s summary of ``name`` (empty where it
+    has not written one yet)."""
+    table = folder / f"uci_{name}.json"
+    return {row["split"]: row for row in json.loads(table.read_text())["meta"]["splits"]} if table.exists() else {}
+
+
+def mean_se(values: list[float]) -> str:
+    """``mean ± standard error`` to three decimals (the mean alone for one value)."""
+    if len(values) == 1:
+        return f"{values[0]:.3f}"
+    return f"{statistics.mean(values):.3f} ± {statistics.stdev(values) / len(values) ** 0.5:.3f}"
+
+
+def main() -> None:
+    header = ["set", "MC dropout setting", "splits", "test MNLL", "test RMSE", "WHVI's default lower on"]
+    print("| " + " | ".join(header) + " |\n" + "|---" * len(header) + "|")
+    for name, whvi_folder in SETS.items():
+        whvi = by_split(RESULTS / "uci_calibrated" / whvi_folder, name)
+        tables = {label: by_split(folder(name), name) for label, folder in SETTINGS.items()}
+        complete = sorted(set(whvi).intersection(*tables.values()))
+        if complete:
+            tables[ORACLE] = {s: min((t[s] for t in tables.values()), key=lambda row: row["mnll"]) for s in complete}
+        tables[CHOSEN] = by_split(HERE / f"choice_{name}", name)
+        for label, table in [("WHVI, the default", whvi), *tables.items()]:
+            shared = sorted(set(table) & set(whvi))
+            if not shared:
+                continue
+            mnll = [table[s]["mnll"] for s in shared]
+            rmse = [table[s]["rmse"] for s in shared]
+            below = sum(whvi[s]["mnll"] < table[s]["mnll"] for s in shared)
+            lower = "" if table is whvi else f"{below} of {len(shared)}"
+            chose = ", ".join(f"{table[s]['dropout']:g}" for s in shared) if label == CHOSEN else ""
+            rates = f" (chose {chose})" if chose else ""
+            if label.startswith("rate 0.005"):
+                rates = " (engine version 3)" if "engine3" in str(default_rate(name)) else " (`uci_table3/mcd`)"
+            cells = [name, label + rates, ",".join(map(str, shared)), mean_se(mnll), mean_se(rmse), lower]
+            print("| " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()
