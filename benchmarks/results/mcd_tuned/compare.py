@@ -27,10 +27,10 @@ ORACLE = "the best of the fixed rates per split, chosen on the test rows (an ora
 
 
 def default_rate(name: str) -> Path:
-    """The folder of MC dropout at its default rate on ``name``: rerun at engine version 3 where it was (Boston,
-    concrete), else ``uci_table3/mcd`` (engine version 1)."""
+    """The folder of MC dropout at its default rate on ``name``: rerun at engine version 3 where it was on all five
+    splits, else ``uci_table3/mcd`` (engine version 1)."""
     rerun = HERE / f"p0.005_engine3_{name}"
-    return rerun if (rerun / f"uci_{name}.json").exists() else RESULTS / "uci_table3" / "mcd"
+    return rerun if len(by_split(rerun, name)) == 5 else RESULTS / "uci_table3" / "mcd"
 
 
 def by_split(folder: Path, name: str) -> dict[int, dict]:
