@@ -119,8 +119,8 @@ def summary_table(name: str, summary: list[dict[str, Any]], config: UCIConfig) -
         tempered = f", KL weight chosen from {candidates} {held_out}"
     if any(parse_method(e["method"]).base == "mcd" for e in summary):
         rates = ", ".join(f"{rate:g}" for rate in config.dropouts)
-        tempered += f", MC dropout's rate chosen from {rates} {held_out}" if len(config.dropouts) > 1 else ""
-        tempered += f", MC dropout rate {rates}" if len(config.dropouts) == 1 else ""
+        several = len(config.dropouts) > 1
+        tempered += f", MC dropout's rate chosen from {rates} {held_out}" if several else f", MC dropout rate {rates}"
     cooldown = f" cooled down over the last {schedule.cooldown * 100:g}% of steps" if schedule.cooldown else ""
     device = f", trained on {config.device}" if config.device != "cpu" else ""
     network = f"{config.layers}x{config.hidden} ReLU, {schedule.steps} steps{noise}, batch {schedule.batch_size}, "
