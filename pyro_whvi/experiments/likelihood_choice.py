@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -163,12 +164,15 @@ def train_choosing_likelihood(
     data: UCIData,
     candidate: str = "",
     store: Path | None = None,
+    before_head: Callable[[UCIConfig], object] | None = None,
 ) -> tuple[TrainedSplit, dict[str, Any]]:
     """Train ``spec`` on split ``split`` with one noise scale, measure :func:`residual_gain`, and where it reaches
     :data:`NOISE_GAIN_THRESHOLD` train it again with the mean-variance head (see the module).
 
     :param store: a JSON file that keeps the gain and the first training's seconds (:func:`store_gain`), so that a
         rerun of a split that chose the head resumes the head's training instead of repeating the first.
+    :param before_head: called with the head's settings where the split chooses the head, before its training
+        (which seeds itself): ``whvi uci --calibrate-noise`` calibrates the head's noise there.
     :returns: the training kept, and the row's ``likelihood`` (the one chosen) and ``noise_gain``; its seconds
         include the check's, and the first training's where the head was trained.
     """
@@ -192,6 +196,8 @@ def train_choosing_likelihood(
         if checked[0] < NOISE_GAIN_THRESHOLD:
             return trained, {"likelihood": "gaussian", "noise_gain": checked[0]}
     head = replace(settings.for_method(spec.name), likelihood="heteroscedastic")
+    if before_head is not None:
+        before_head(head)
     if checkpoint is not None:  # the one noise scale's state is not resumed as the head's
         checkpoint = replace(checkpoint, key=f"{checkpoint.key}:heteroscedastic")
     trained = train_split(source, spec, split, head, checkpoint, data=data, candidate=candidate)

@@ -112,10 +112,12 @@ def run_split(
     :func:`~pyro_whvi.experiments.likelihood_choice.train_choosing_likelihood` (its check kept in
     :func:`~pyro_whvi.experiments.likelihood_choice.check_store`); the row names the ``likelihood`` chosen and the
     ``noise_gain`` it was chosen by. Where ``config.calibrates`` the method, its noise is calibrated on held-out rows
-    first (:func:`~pyro_whvi.experiments.noise_calibration.calibrate_noise`, kept beside ``selection_store``) and the
+    first (:func:`~pyro_whvi.experiments.noise_calibration.calibrate_noise`, kept beside ``selection_store``; under
+    ``"by-residuals"`` only where the split chooses the head, before the head's training) and the
     predictive is the scale mixture of the noise times the row's ``noise_factor`` and, with weight
     ``learned_noise_weight``, the learned noise (:func:`~pyro_whvi.experiments.noise_calibration.calibrated_noise`);
-    its ``calibration_seconds`` count in ``train_seconds``.
+    its ``calibration_seconds`` count in ``train_seconds``, and ``learned_noise_mnll`` is the test MNLL the learned
+    noise alone gives the same draws (what the calibration changed).
     In a process group every rank trains its shard and only rank 0 evaluates (the others return ``({}, {})``).
     """
     chosen: dict[str, Any] = {}
@@ -136,12 +138,20 @@ def run_split(
             choice = label if config.protocols or len(own.dropouts) > 1 else f"kl{settings.kl_weight!r}"
             checkpoint = replace(checkpoint, key=f"{checkpoint.key}:{choice}")
     calibration: dict[str, Any] = {}
-    if config.calibrates(spec.name):  # before the split's own training, which seeds itself: its draws are unchanged
-        store = calibration_store(selection_store) if selection_store is not None else None
-        calibration = calibrate_noise(source, spec, split, settings, data, label, store)
-    if data.task == "regression" and settings.likelihood_of(spec.name) == BY_RESIDUALS:
+    kept = calibration_store(selection_store) if selection_store is not None else None
+
+    def calibrate(chosen_settings: UCIConfig, data: UCIData = data) -> None:  # before a training, which seeds itself
+        calibration.update(calibrate_noise(source, spec, split, chosen_settings, data, label, kept))
+
+    by_residuals = data.task == "regression" and settings.likelihood_of(spec.name) == BY_RESIDUALS
+    if config.calibrates(spec.name) and not by_residuals:
+        calibrate(settings)
+    if by_residuals:  # calibrated where the split chooses the head
         store = check_store(selection_store) if selection_store is not None else None
-        trained, likelihood = train_choosing_likelihood(source, spec, split, settings, checkpoint, data, label, store)
+        before_head = calibrate if config.calibrates(spec.name) else None
+        trained, likelihood = train_choosing_likelihood(
+            source, spec, split, settings, checkpoint, data, label, store, before_head
+        )
         chosen.update(likelihood)
     else:
         trained = train_split(source, spec, split, settings, checkpoint, data=data, candidate=label)
@@ -153,6 +163,7 @@ def run_split(
     weights = None
     if calibration:
         assert noise is not None  # regression
+        calibration = {**calibration, "learned_noise_mnll": evaluate(data, f, noise)["mnll"]}  # the same draws
         noise, weights = calibrated_noise(noise, calibration)
     extra = {} if regression else {"reliability": [t.tolist() for t in reliability_diagram(f, data.y_test)]}
     row = {

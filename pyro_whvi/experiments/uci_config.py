@@ -299,9 +299,10 @@ class UCIConfig:
                 raise TypeError(f"UCIConfig.from_protocol: likelihood {AUTO_LIKELIHOOD!r} needs train_rows")
             fields["likelihood"], other, note = resolve_likelihood(label, train_rows, bases)
             fields["method_likelihoods"], shown = tuple(other.items()), shown + note
-        if isinstance(fields.get("calibrate_noise"), str):  # whvi uci's --calibrate-noise
+        if isinstance(calibrate := fields.get("calibrate_noise"), str):  # whvi uci's --calibrate-noise
             nproc = fields.get("nproc", cls.nproc)
-            calibration, note = calibration_fields(fields["calibrate_noise"], label, train_rows, bases, nproc)
+            likelihoods = fields.get("likelihood", cls.likelihood), dict(fields.get("method_likelihoods", ()))
+            calibration, note = calibration_fields(calibrate, label, train_rows, bases, nproc, *likelihoods)
             fields, shown = {**fields, **calibration}, shown + note
         fields.setdefault("protocol", shown)
         candidates = [{"name": each, **protocol_settings(each, dataset, **overrides)} for each in names]

@@ -8,6 +8,8 @@ import hashlib
 import json
 from typing import Any
 
+from .uci_protocols import BY_RESIDUALS
+
 __all__ = ["ENGINE_VERSION", "METHOD_VERSIONS", "settings_fingerprint"]
 
 #: Bumped when a method's construction changes, so that its stored splits are trained again (1 when not listed).
@@ -33,8 +35,11 @@ _LATER_SETTINGS = dict(
 )
 _LATER_SCHEDULE_SETTINGS = {"cooldown": 0.0}
 # What ``calibrate_noise`` does, fingerprinted in its place when set. 1 (stored as ``true``): the noise scaled alone;
-# 2: the predictive keeps a weight of 1 / (n + 2) on the learned noise (noise_calibration.keep_weight).
+# 2: the predictive keeps a weight of 1 / (n + 2) on the learned noise (noise_calibration.keep_weight); under the
+# likelihood "by-residuals", 3: only where the split chooses the head (2 there: every split, the head's fit chosen on
+# the held-out part's own residuals).
 _CALIBRATION_VERSION = 2
+_HEAD_CALIBRATION_VERSION = 3
 
 
 def _without_later_defaults(settings: dict[str, Any], later: dict[str, Any]) -> dict[str, Any]:
@@ -53,7 +58,8 @@ def settings_fingerprint(method: str, settings: dict[str, Any], data: str, *, ho
     settings["protocols"] = tuple(_without_later_defaults(p, _LATER_SCHEDULE_SETTINGS) for p in settings["protocols"])
     settings = _without_later_defaults(settings, _LATER_SETTINGS)
     if "calibrate_noise" in settings:
-        settings["calibrate_noise"] = _CALIBRATION_VERSION
+        by_residuals = settings.get("likelihood") == BY_RESIDUALS
+        settings["calibrate_noise"] = _HEAD_CALIBRATION_VERSION if by_residuals else _CALIBRATION_VERSION
     settings["schedule"] = _without_later_defaults(settings["schedule"], _LATER_SCHEDULE_SETTINGS)
     version = {"version": METHOD_VERSIONS.get(method, 1), "engine": ENGINE_VERSION}
     text = json.dumps({"method": method, **settings, **version, "data": data}, sort_keys=True, default=str)

@@ -203,7 +203,8 @@ def _per_method(rows: list[dict[str, Any]], methods: tuple[str, ...], key: str, 
 def choices_text(rows: list[dict[str, Any]], config: UCIConfig, gain_threshold: float) -> str:
     """The summary's notes on what each split chose: its candidate (``config.choosing``), its likelihood (the rows
     with a ``noise_gain``; ``gain_threshold`` the gain that trains the head) and its noise's calibration factor (the
-    rows with a ``noise_factor``), each a paragraph after two newlines; ``""`` if none."""
+    methods ``config.calibrates``; "–" where a split kept one noise scale under by-residuals), each a paragraph
+    after two newlines; ``""`` if none."""
     text = ""
     if config.choosing:
         parts = ["protocol"] * bool(config.protocols) + ["KL weight"] * (len(config.kl_weights) > 1)
@@ -224,10 +225,15 @@ def choices_text(rows: list[dict[str, Any]], config: UCIConfig, gain_threshold: 
             "\n\nLikelihood chosen per split on the training residuals (one noise scale, the mean-variance head where "
             f"a variance model of the inputs gains {gain_threshold} nats a row; the gain): {likelihoods}"
         )
-    factors = _per_method(rows, config.methods, "noise_factor", lambda row: f"{row['noise_factor']:.3g}")
+    calibrating = tuple(method for method in config.methods if config.calibrates(method))
+    factors = _per_method(
+        rows, calibrating, "split", lambda row: f"{row['noise_factor']:.3g}" if "noise_factor" in row else "–"
+    )
     if factors:
         text += (
             "\n\nNoise calibrated per split on held-out training rows (--calibrate-noise: the predictive keeps a "
-            f"weight of 1/(held-out rows + 2) on the learned noise; the factor of the rest): {factors}"
+            "weight of 1/(held-out rows + 2) on the learned noise; the factor of the rest"
+            + ("; – where the split kept one noise scale, under by-residuals" if "–" in factors else "")
+            + f"): {factors}"
         )
     return text

@@ -1,5 +1,6 @@
 """``whvi uci --calibrate-noise auto``: the noise calibrated on held-out rows for WHVI below 3,000 training rows
-under ``--protocol auto`` (:mod:`pyro_whvi.experiments.auto_calibration`), resolved per method into
+(from there where a split chooses the head: ``test_head_calibration.py``) under ``--protocol auto``
+(:mod:`pyro_whvi.experiments.auto_calibration`), resolved per method into
 :class:`~pyro_whvi.experiments.uci_config.UCIConfig` and fingerprinted as the setting it resolves to."""
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pyro_whvi.experiments.uci_protocols import AUTO_WIDE_FROM_ROWS
 def test_the_rule_calibrates_whvi_alone_below_the_rows_under_the_auto_protocol():
     below, at = AUTO_WIDE_FROM_ROWS - 1, AUTO_WIDE_FROM_ROWS
     assert auto_calibration("auto", below) and auto_calibration("auto", 1)
-    assert not auto_calibration("auto", at)  # wide from here: not measured with the calibration
+    assert not auto_calibration("auto", at)  # one noise scale from here gains nothing (by-residuals: the head's)
     assert not auto_calibration("table3", below)  # a fixed protocol keeps the paper's predictive
     assert not auto_calibration("", below)  # several protocols chosen on held-out rows
     for base in ("mcd", "mfg", "nf-whvi", "whvi-full", "ensemble"):

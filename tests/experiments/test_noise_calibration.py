@@ -108,6 +108,7 @@ def test_the_factor_is_chosen_on_the_held_out_rows_and_scales_the_full_fits_nois
     assert row["mnll"] == pytest.approx(mixture + shift, rel=1e-9)
     assert plain["mnll"] == pytest.approx(gaussian_mnll(f_test, noise_test, data.y_test) + shift, rel=1e-9)
     assert row["mnll"] != plain["mnll"]
+    assert row["learned_noise_mnll"] == pytest.approx(plain["mnll"], rel=1e-12)  # what the calibration changed
     assert row["train_seconds"] > row["calibration_seconds"] > 0
     assert not list((tmp_path / "calibrated" / "runs").rglob("*.calibration.json"))
     text = (tmp_path / "calibrated" / "uci_diabetes.md").read_text()

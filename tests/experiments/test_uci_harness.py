@@ -440,7 +440,13 @@ def test_auto_protocol_picks_table3_or_a_larger_network_by_the_training_rows(tmp
         "table3 for mfg, as wide was worse than table3 for MC dropout and MFG; one noise scale for mfg, as a "
         "mean-variance head broke MFG at wide and is not measured with it at table3"
     )
-    assert f"protocol auto: deep (398 training rows; wide from 300, deep from 350); {notes}, 3x1024 ReLU" in header
+    calibrated = (  # and the calibration, which by-residuals gives the head alone
+        "; noise calibrated on held-out rows for whvi (where a split chooses the mean-variance head); not for mfg, as "
+        "the calibration is not measured with mfg"
+    )
+    assert (
+        f"protocol auto: deep (398 training rows; wide from 300, deep from 350); {notes}{calibrated}, 3x1024" in header
+    )
     saved = json.loads((tmp_path / "small" / "uci_diabetes.json").read_text())
     parameters = {row["method"]: row["variational_parameters"] for row in saved["meta"]["splits"]}
     assert parameters["mfg"] == first["row"]["variational_parameters"] < 1024**2  # 2 x 128 (2 x 1024: over 1M)
