@@ -213,8 +213,9 @@ def run_uci(
     """
     if check:
         check_device(config.device, "device")
-        check_uci_memory(config, check_source(source, config.splits))
-        check_validation(source, config)
+        sizes = check_source(source, config.splits)
+        check_uci_memory(config, sizes)
+        check_validation(source, config, sizes)
         check_writable(out)
     if distributed.world_size() not in (1, config.nproc):
         raise ValueError(

@@ -6,7 +6,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-__all__ = ["PROTOCOL_ARGUMENTS", "config_from_arguments", "method_names", "protocol_names", "split_numbers"]
+__all__ = [
+    "PROTOCOL_ARGUMENTS",
+    "config_from_arguments",
+    "dropout_rates",
+    "method_names",
+    "protocol_names",
+    "split_numbers",
+]
 
 
 def method_names(text: str) -> tuple[str, ...]:
@@ -41,6 +48,15 @@ def protocol_names(text: str) -> tuple[str, ...]:
             f"(e.g. table3,wide), got {text!r}"
         )
     return names
+
+
+def dropout_rates(text: str) -> str | float | tuple[float, ...]:
+    """``--dropout``: :data:`~pyro_whvi.experiments.auto_dropout.AUTO_DROPOUT`, or one rate below 1 or several
+    (candidates, as a tuple)."""
+    from .arguments import rates
+    from .auto_dropout import AUTO_DROPOUT
+
+    return AUTO_DROPOUT if text.strip() == AUTO_DROPOUT else rates(text)
 
 
 #: Arguments that set the protocol's network and schedule (UCIConfig.from_protocol's keywords).

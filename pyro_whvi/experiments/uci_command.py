@@ -16,18 +16,18 @@ from .arguments import (
     positive,
     positive_float,
     positive_numbers,
-    rates,
     samples,
     steps,
 )
 from .memory_budget import MAX_STEPS
-from .uci_arguments import config_from_arguments, method_names, protocol_names, split_numbers
+from .uci_arguments import config_from_arguments, dropout_rates, method_names, protocol_names, split_numbers
 
 __all__ = ["add_uci_command", "run_uci_command"]
 
 
 def add_uci_command(commands) -> None:
     from .auto_calibration import CALIBRATION_CHOICES
+    from .auto_dropout import AUTO_DROPOUT, PAPER_DROPOUT
     from .likelihood_choice import NOISE_GAIN_THRESHOLD
     from .methods import BASE_METHODS, ENSEMBLE, METHODS, Schedule
     from .uci import BUNDLED_DATASETS, UCIConfig
@@ -153,10 +153,12 @@ def add_uci_command(commands) -> None:
     uci.add_argument("--samples", type=samples, default=defaults.samples, help="test-time posterior samples")
     uci.add_argument(
         "--dropout",
-        type=rates,
-        default=defaults.dropout,
-        help="MC dropout rate (default 0.005). Several, e.g. 0.005,0.01,0.05,0.1 (Gal's grid): each split chooses "
-        "mcd's on a --val-fraction of its training rows, as --kl-weight does",
+        type=dropout_rates,
+        default=AUTO_DROPOUT,
+        help=f"MC dropout rate. Several, e.g. 0.005,0.01,0.05,0.1 (Gal's grid): each split chooses mcd's on a "
+        f"--val-fraction of its training rows, as --kl-weight does; auto (the default): that grid under --protocol "
+        f"auto below {AUTO_WIDE_FROM_ROWS:,} training rows in one process on regression, else {PAPER_DROPOUT} (the "
+        "WHVI paper's)",
     )
     uci.add_argument("--flows", type=positive, default=defaults.flows, help="planar flows of nf-whvi (default 3)")
     uci.add_argument("--reflections", type=nonnegative, default=defaults.reflections, help="VSD's Householder T")
@@ -215,6 +217,7 @@ def run_uci_command(args: argparse.Namespace) -> int:
     from ..train import distributed
     from ..train.engine import TrainingDiverged
     from ..train.folder_lock import FolderLocked
+    from .auto_dropout import AUTO_DROPOUT, PAPER_DROPOUT
     from .memory_checks import check_uci_memory
     from .reporting import check_writable
     from .uci import check_source, check_validation, dataset_name, run_uci
@@ -239,9 +242,10 @@ def run_uci_command(args: argparse.Namespace) -> int:
             raise ValueError(f"--likelihood {args.likelihood} is for regression; {source} is a classification set")
         if sizes.outputs > 1:  # classification: the likelihood is categorical, whatever --likelihood
             args.likelihood, args.calibrate_noise = "gaussian", args.calibrate_noise.replace("auto", "off")
+            args.dropout = PAPER_DROPOUT if args.dropout == AUTO_DROPOUT else args.dropout
         config = config_from_arguments(args, Path(source).name, sizes.train)
         check_uci_memory(config, sizes)
-        check_validation(source, config)
+        check_validation(source, config, sizes)
         check_writable(args.out)
     except (ValueError, OSError) as error:
         args.subparser.error(str(error))

@@ -7,8 +7,9 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from ..train.schedule import shard_size
-from .auto_calibration import calibration_fields, check_calibrations
+from .auto_calibration import check_calibrations
 from .methods import Schedule, parse_method
+from .uci_auto import protocol_fields
 from .uci_fingerprint import ENGINE_VERSION, settings_fingerprint
 from .uci_protocols import (
     AUTO_DEEP_FROM_ROWS,
@@ -24,8 +25,6 @@ from .uci_protocols import (
     check_method_protocols,
     check_protocols,
     protocol_settings,
-    resolve_auto,
-    resolve_likelihood,
 )
 
 __all__ = [
@@ -103,7 +102,9 @@ class UCIConfig:
 
     ``dropout``: MC dropout's rate (``mcd`` alone). Several rates (a tuple) are candidates for ``mcd``, chosen per
     split on held-out rows as the KL weights are and jointly with them, as Gal's updated UCI results choose theirs
-    (from 0.005, 0.01, 0.05 and 0.1); every other method trains, and is fingerprinted, with the first.
+    (from 0.005, 0.01, 0.05 and 0.1, what ``whvi uci``'s default, ``--dropout auto``, gives under ``--protocol auto``:
+    :func:`~pyro_whvi.experiments.auto_dropout.auto_dropout`); every other method trains, and is fingerprinted, with
+    the first.
     """
 
     methods: tuple[str, ...] = ("mfg", "mcd", "whvi")
@@ -279,39 +280,15 @@ class UCIConfig:
         :data:`AUTO_PROTOCOL` (alone; per method, ``method_protocols``) is :func:`auto_protocol` of ``train_rows``,
         which it then needs, as does ``likelihood=``:data:`AUTO_LIKELIHOOD` (:func:`auto_likelihood`) and
         ``calibrate_noise="auto"`` (``"on"``, ``"off"`` or ``"auto"``, ``whvi uci``'s choices, or a bool:
-        :func:`~pyro_whvi.experiments.auto_calibration.resolve_calibration`)."""
+        :func:`~pyro_whvi.experiments.auto_calibration.resolve_calibration`); ``dropout="auto"`` is
+        :func:`~pyro_whvi.experiments.auto_dropout.auto_dropout` (:func:`~.uci_auto.protocol_fields`)."""
         names = (name,) if isinstance(name, str) else tuple(dict.fromkeys(name))
-        label = shown = names[0] if len(names) == 1 else ""
-        bases = {spec.name: (spec.base, spec.iblm) for spec in map(parse_method, fields.get("methods", cls.methods))}
         overrides = {"layers": layers, "hidden": hidden, "steps": steps, "lr": lr, "cooldown": cooldown}
-        if AUTO_PROTOCOL in names:
-            if len(names) > 1:
-                raise ValueError(f"--protocol: {AUTO_PROTOCOL} picks one protocol by the rows; give it alone")
-            if train_rows is None:
-                raise TypeError(f"UCIConfig.from_protocol: {AUTO_PROTOCOL!r} needs train_rows")
-            run, own, shown = resolve_auto(train_rows, {method: base for method, (base, _) in bases.items()})
-            names = (run,)
-            fields["method_protocols"] = tuple(
-                (m, {"name": p, **protocol_settings(p, dataset, **overrides)}) for m, p in own.items() if p != run
-            )
-        if fields.get("likelihood") == AUTO_LIKELIHOOD:
-            if train_rows is None:
-                raise TypeError(f"UCIConfig.from_protocol: likelihood {AUTO_LIKELIHOOD!r} needs train_rows")
-            fields["likelihood"], other, note = resolve_likelihood(label, train_rows, bases)
-            fields["method_likelihoods"], shown = tuple(other.items()), shown + note
-        if isinstance(calibrate := fields.get("calibrate_noise"), str):  # whvi uci's --calibrate-noise
-            nproc = fields.get("nproc", cls.nproc)
-            likelihoods = fields.get("likelihood", cls.likelihood), dict(fields.get("method_likelihoods", ()))
-            calibration, note = calibration_fields(calibrate, label, train_rows, bases, nproc, *likelihoods)
-            fields, shown = {**fields, **calibration}, shown + note
-        fields.setdefault("protocol", shown)
-        candidates = [{"name": each, **protocol_settings(each, dataset, **overrides)} for each in names]
-        if len(candidates) > 1:
-            fields["protocols"] = tuple(candidates)
-        protocol = candidates[0]
-        steps, lr, cooldown = protocol["steps"], protocol["lr"], protocol["cooldown"]
-        schedule = Schedule(steps, fixed_noise_steps, batch_size, lr=lr, cooldown=cooldown)
-        return cls(schedule=schedule, hidden=protocol["hidden"], layers=protocol["layers"], **fields)
+        fields = {"methods": cls.methods, "nproc": cls.nproc, **fields}
+        resolved = protocol_fields(
+            names, dataset, overrides, train_rows, fields, fixed_noise_steps=fixed_noise_steps, batch_size=batch_size
+        )
+        return cls(**resolved)
 
     def fingerprint(self, method: str, data: str = "") -> str:
         """A short hash of everything that changes the result of ``method`` on one split: the settings

@@ -90,12 +90,14 @@ def data_key(source: str | Path, split: int) -> str:
 
 
 class SplitSizes(NamedTuple):
-    """The largest sizes over a run's splits: training and test rows, input features and outputs per row."""
+    """The largest sizes over a run's splits: training and test rows, input features and outputs per row; and the
+    fewest training rows of a split (0: not counted), what a held-out part is checked on."""
 
     train: int
     test: int
     features: int
     outputs: int
+    fewest_train: int = 0
 
 
 def check_source(source: str | Path, splits: tuple[int, ...]) -> SplitSizes:
@@ -106,7 +108,7 @@ def check_source(source: str | Path, splits: tuple[int, ...]) -> SplitSizes:
     if is_bundled(source):
         data = load_dataset_split(source, 0)
         outputs = data.num_classes if data.task == "classification" else 1
-        return SplitSizes(len(data.y_train), len(data.y_test), data.x_train.shape[1], outputs)
+        return SplitSizes(len(data.y_train), len(data.y_test), data.x_train.shape[1], outputs, len(data.y_train))
     available = num_uci_splits(source)  # raises for a missing directory or files
     missing = [k for k in splits if k >= available]
     if missing:
@@ -114,12 +116,14 @@ def check_source(source: str | Path, splits: tuple[int, ...]) -> SplitSizes:
         has = f"splits 0-{available - 1}" if available else "no index_train_<k>.txt"
         raise ValueError(f"{source} has {has}; asked for {listed}")
     sizes = SplitSizes(0, 0, 0, 1)
+    fewest: list[int] = []
     for split in splits:
         loaded = load_uci_split(source, split)
         shape = (len(loaded.y_train), len(loaded.y_test), loaded.x_train.shape[1], 1)
-        sizes = SplitSizes(*map(max, sizes, shape))
+        sizes = SplitSizes(*map(max, sizes[:4], shape))
+        fewest.append(len(loaded.y_train))
     read_noise_std(source)  # a damaged noise_std.txt is reported now, not after training
-    return sizes
+    return sizes._replace(fewest_train=min(fewest))
 
 
 def load_dataset_split(source: str | Path, split: int, *, standardize_targets: bool = True) -> UCIData:

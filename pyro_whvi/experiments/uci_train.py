@@ -23,7 +23,7 @@ from .ensemble import EnsembleGuide, remove_checkpoints, resumed_member_seconds
 from .methods import MethodSpec, build_method, fit, predictive_sites
 from .reporting import write_atomic
 from .uci_config import BY_RESIDUALS, UCIConfig
-from .uci_data import UCIData, data_key, dataset_name, load_dataset_split
+from .uci_data import SplitSizes, UCIData, data_key, dataset_name, load_dataset_split
 from .uci_report import evaluate
 
 __all__ = [
@@ -157,30 +157,42 @@ def predict_split(
 def validation_part(data: UCIData, fraction: float, seed: int) -> UCIData:
     """``data`` with its training rows split by :func:`~pyro_whvi.train.selection.holdout`: a ``fraction``
     of them in the place of the test rows, the rest to train on (the scaling is the full training rows')."""
-    fit_rows, val_rows = holdout(len(data.y_train), fraction, seed)
-    if len(val_rows) < 1 or len(fit_rows) < 2:
-        raise ValueError(
-            f"val_fraction (--val-fraction) {fraction} of {len(data.y_train)} training rows leaves {len(fit_rows)} "
-            f"to train on and {len(val_rows)} to validate on; choose one that leaves at least 2 and 1, or hold no "
-            "rows out (one KL weight and protocol, no --calibrate-noise)"
-        )
+    fit_rows, val_rows = _held_out(len(data.y_train), fraction, seed)
     x, y = data.x_train, data.y_train
     return replace(data, x_train=x[fit_rows], y_train=y[fit_rows], x_test=x[val_rows], y_test=y[val_rows])
 
 
-def check_validation(source: str | Path, config: UCIConfig) -> None:
+def check_validation(source: str | Path, config: UCIConfig, sizes: SplitSizes | None = None) -> None:
     """A ``ValueError`` before any training when ``config`` holds rows out (to choose among candidates or calibrate
     the noise) and its ``val_fraction`` leaves a split too few rows to train on or to validate on
-    (:func:`validation_part`), or calibrates the noise of a classification set."""
-    if config.holding_out:
-        for split in config.splits:
-            data = load_dataset_split(source, split, standardize_targets=config.standardize_targets)
-            if any(map(config.calibrates, config.methods)) and data.task != "regression":
-                raise ValueError(
-                    f"--calibrate-noise calibrates a regression likelihood's noise; {source} is a classification set: "
-                    "drop the flag"
-                )
-            validation_part(data, config.val_fraction, config.seed + split)
+    (:func:`validation_part`), or calibrates the noise of a classification set. ``sizes``, what
+    :func:`~.uci_data.check_source` returned for ``config.splits``, spares loading the splits again: the held-out
+    part's size depends on the rows alone, and the split with the fewest decides."""
+    if not config.holding_out:
+        return
+    if sizes is None:
+        loaded = [load_dataset_split(source, split) for split in config.splits]
+        rows = min(len(data.y_train) for data in loaded)
+        sizes = SplitSizes(0, 0, 0, loaded[0].num_classes if loaded[0].task == "classification" else 1, rows)
+    if any(map(config.calibrates, config.methods)) and sizes.outputs > 1:
+        raise ValueError(
+            f"--calibrate-noise calibrates a regression likelihood's noise; {source} is a classification set: "
+            "drop the flag"
+        )
+    _held_out(sizes.fewest_train, config.val_fraction, config.seed)
+
+
+def _held_out(rows: int, fraction: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`~pyro_whvi.train.selection.holdout` of ``rows`` training rows, or a ``ValueError`` naming
+    ``--val-fraction`` where it leaves fewer than 2 to train on or none to validate on."""
+    fit_rows, val_rows = holdout(rows, fraction, seed)
+    if len(val_rows) < 1 or len(fit_rows) < 2:
+        raise ValueError(
+            f"val_fraction (--val-fraction) {fraction} of {rows} training rows leaves {len(fit_rows)} "
+            f"to train on and {len(val_rows)} to validate on; choose one that leaves at least 2 and 1, or hold no "
+            "rows out (one KL weight and protocol, no --calibrate-noise)"
+        )
+    return fit_rows, val_rows
 
 
 def choose_settings(

@@ -297,3 +297,22 @@ def test_command_reads_each_split_once_before_training(tmp_path, monkeypatch):
     # once by the check before training, once for the training of each split, whatever the number of methods
     assert sorted(loaded) == [0, 0, 1, 1], loaded
     assert uci.check_source is uci_data.check_source
+
+
+def test_the_held_out_part_is_checked_on_the_split_with_fewest_training_rows(tmp_path):
+    """``check_validation`` with the sizes ``check_source`` read (no second load of every split) refuses a
+    ``val_fraction`` that leaves the smallest split no rows to validate on, as loading each split does."""
+    from pyro_whvi.experiments.uci import check_source, check_validation
+
+    write_uci(tmp_path / "toy", rows=40, features=3, splits=2)
+    np.savetxt(tmp_path / "toy" / "index_train_1.txt", np.arange(3), fmt="%d")  # 3 training rows; split 0 has 36
+    sizes = check_source(tmp_path / "toy", (0, 1))
+    assert (sizes.train, sizes.fewest_train) == (36, 3)
+    config = UCIConfig(methods=("mcd",), splits=(0, 1), dropout=(0.005, 0.1), val_fraction=0.1)
+    for given in (sizes, None):
+        with pytest.raises(ValueError, match=r"--val-fraction\) 0.1 of 3 training rows leaves 3 to train on and 0"):
+            check_validation(tmp_path / "toy", config, given)
+    check_validation(tmp_path / "toy", replace(config, splits=(0,)), check_source(tmp_path / "toy", (0,)))
+    check_validation(tmp_path / "toy", replace(config, val_fraction=0.4), sizes)  # 2 to train on, 1 to validate
+    with pytest.raises(ValueError, match="of 3 training rows leaves 1 to train on and 2"):
+        check_validation(tmp_path / "toy", replace(config, val_fraction=0.6), sizes)
