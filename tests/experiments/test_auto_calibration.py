@@ -90,18 +90,12 @@ def test_a_run_calibrates_the_methods_auto_names_and_reads_the_others_back(tmp_p
     assert f"factor of the rest): whvi: {whvi['row']['noise_factor']:.3g}" in text and "mfg: " not in text
 
 
-def test_the_command_takes_auto_on_and_off_and_turns_auto_off_for_classification(tmp_path, monkeypatch):
+def test_the_command_takes_auto_on_and_off_and_turns_auto_off_for_classification(tmp_path, uci_configs):
     """``--calibrate-noise`` alone is ``on``; without it ``auto``, which resolves by the rows, per method, and on a
     classification set is ``off`` (where ``on`` is refused)."""
     from pyro_whvi.experiments.cli import main
 
-    configs: list[UCIConfig] = []
-
-    def record(source, config, out, **kwargs):
-        configs.append(config)
-        return [], ""
-
-    monkeypatch.setattr(uci, "run_uci", record)
+    configs = uci_configs
     args = ["uci", "--methods", "whvi,mcd", "--splits", "0", "--out", str(tmp_path)]
     for extra in ([], ["--calibrate-noise"], ["--calibrate-noise", "auto"], ["--calibrate-noise", "off"]):
         assert main([*args, "--dataset", "diabetes", *extra]) == 0

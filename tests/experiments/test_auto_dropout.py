@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import pytest
 
-from pyro_whvi.experiments import uci
 from pyro_whvi.experiments.auto_dropout import DROPOUT_GRID, PAPER_DROPOUT, auto_dropout, dropout_fields
 from pyro_whvi.experiments.uci import UCIConfig
 from pyro_whvi.experiments.uci_protocols import AUTO_WIDE_FROM_ROWS
@@ -54,16 +53,10 @@ def test_auto_is_the_grid_for_mc_dropout_alone_with_the_fingerprint_of_the_grid_
     assert UCIConfig.from_protocol("table3", "robot", dropout="auto") == UCIConfig.from_protocol("table3", "robot")
 
 
-def test_the_command_defaults_to_auto_and_keeps_the_papers_rate_for_classification(tmp_path, monkeypatch, capsys):
+def test_the_command_defaults_to_auto_and_keeps_the_papers_rate_for_classification(tmp_path, uci_configs, capsys):
     from pyro_whvi.experiments.cli import main
 
-    configs: list[UCIConfig] = []
-
-    def record(source, config, out, **kwargs):
-        configs.append(config)
-        return [], ""
-
-    monkeypatch.setattr(uci, "run_uci", record)
+    configs = uci_configs
     args = ["uci", "--methods", "whvi,mcd", "--splits", "0", "--out", str(tmp_path)]
     for extra in ([], ["--dropout", "auto"], ["--protocol", "table3"], ["--dropout", "0.01,0.1"], ["--nproc", "2"]):
         assert main([*args, "--dataset", "diabetes", *extra]) == 0
