@@ -4,9 +4,11 @@ fixed rate, 0.005, trained on the same machine (``fixed_bench/<function>``) and 
 schedule and seeds), and WHVI's default (``likelihood_choice/<function>``) on the synthetic bench (20,000 rows, 18,000
 for training): per function the test MNLL above the known floor and RMSE / σ (mean ± standard error over the splits
 the chosen rate has), the rates chosen, the seconds a split took, on how many splits the chosen rate's MNLL is lower
-than the fixed rate's on the same machine, and on how many WHVI's default is lower than each. A markdown table.
+than the fixed rate's on the same machine, and on how many WHVI's default is lower than each. A markdown table; with
+``--rows 2000`` the same for the 2,000-row sets (``rows2000/choice_<function>`` and ``fixed_<function>``, below the
+threshold from which the default keeps the fixed rate; WHVI not run there).
 
-Run from the repository root: ``python benchmarks/results/mcd_tuned/compare_bench.py``.
+Run from the repository root: ``python benchmarks/results/mcd_tuned/compare_bench.py [--rows 2000]``.
 """
 
 from __future__ import annotations
@@ -18,40 +20,57 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from compare import RESULTS, by_split, mean_se  # this folder's helpers
 
 FUNCTIONS = ("hartmann6", "borehole", "otlcircuit", "robot")
+HERE = RESULTS / "mcd_tuned"
+
+
+def settings_at_18000(name: str) -> list[tuple[str, dict[int, dict]]]:
+    """``(label, {split: row})`` of WHVI's default and MC dropout's settings on the bench's ``name`` (18,000 training
+    rows), the chosen rate last and the fixed rate trained here before it."""
+    stored = by_split(RESULTS / "heteroscedastic" / "default_bench" / f"{name}_mcd_table3_head", name)
+    return [
+        ("WHVI, the default", by_split(RESULTS / "likelihood_choice" / name, name)),
+        ("MC dropout, rate 0.005, the default (as stored, another machine)", stored),
+        ("MC dropout, rate 0.005, the default (this machine)", by_split(HERE / "fixed_bench" / name, name)),
+        ("MC dropout, rate chosen on held-out rows", by_split(HERE / "choice_bench" / name, name)),
+    ]
+
+
+def settings_at_2000(name: str) -> list[tuple[str, dict[int, dict]]]:
+    """As :func:`settings_at_18000` on the 2,000-row set ``name`` (1,800 training rows), MC dropout alone."""
+    folder = HERE / "rows2000"
+    return [
+        ("MC dropout, rate 0.005 (the default until 2026-12-06)", by_split(folder / f"fixed_{name}", name)),
+        ("MC dropout, rate chosen on held-out rows (the default)", by_split(folder / f"choice_{name}", name)),
+    ]
 
 
 def main() -> None:
+    at_2000 = sys.argv[1:] == ["--rows", "2000"]
     header = ["function", "setting", "splits", "MNLL − floor", "RMSE / σ", "s/split", "chosen lower on"]
-    header.append("WHVI lower on")
+    header += [] if at_2000 else ["WHVI lower on"]
     print("| " + " | ".join(header) + " |\n" + "|---" * len(header) + "|")
     for name in FUNCTIONS:
-        chosen = by_split(RESULTS / "mcd_tuned" / "choice_bench" / name, name)
-        if not chosen:
+        settings = (settings_at_2000 if at_2000 else settings_at_18000)(name)
+        chosen, fixed = settings[-1][1], settings[-2][1]
+        shared = sorted(set.intersection(*(set(table) for _, table in settings)))
+        if not shared:
             continue
-        stored = by_split(RESULTS / "heteroscedastic" / "default_bench" / f"{name}_mcd_table3_head", name)
-        fixed = by_split(RESULTS / "mcd_tuned" / "fixed_bench" / name, name)
-        whvi = by_split(RESULTS / "likelihood_choice" / name, name)
-        shared = sorted(set(chosen) & set(fixed) & set(stored) & set(whvi))
+        whvi = settings[0][1]
         rates = ", ".join(f"{chosen[s]['dropout']:g}" for s in shared)
-        settings = [
-            ("WHVI, the default", whvi),
-            ("MC dropout, rate 0.005, the default (as stored, another machine)", stored),
-            ("MC dropout, rate 0.005, the default (this machine)", fixed),
-            (f"MC dropout, rate chosen on held-out rows (chose {rates})", chosen),
-        ]
         for label, table in settings:
+            lower = sum(chosen[s]["mnll"] < fixed[s]["mnll"] for s in shared)
             cells = [
                 name,
-                label,
+                label + (f" (chose {rates})" if table is chosen else ""),
                 ",".join(map(str, shared)),
                 mean_se([table[s]["mnll_gap"] for s in shared]),
                 mean_se([table[s]["rmse_ratio"] for s in shared]),
                 f"{sum(table[s]['train_seconds'] for s in shared) / len(shared):.0f}",
-                f"{sum(chosen[s]['mnll'] < fixed[s]['mnll'] for s in shared)} of {len(shared)}"
-                if table is chosen
-                else "",
-                "" if table is whvi else f"{sum(whvi[s]['mnll'] < table[s]['mnll'] for s in shared)} of {len(shared)}",
+                f"{lower} of {len(shared)}" if table is chosen else "",
             ]
+            if not at_2000:
+                below = sum(whvi[s]["mnll"] < table[s]["mnll"] for s in shared)
+                cells.append("" if table is whvi else f"{below} of {len(shared)}")
             print("| " + " | ".join(cells) + " |")
 
 
