@@ -102,9 +102,9 @@ class UCIConfig:
 
     ``dropout``: MC dropout's rate (``mcd`` alone). Several rates (a tuple) are candidates for ``mcd``, chosen per
     split on held-out rows as the KL weights are and jointly with them, as Gal's updated UCI results choose theirs
-    (from 0.005, 0.01, 0.05 and 0.1, what ``whvi uci``'s default, ``--dropout auto``, gives under ``--protocol auto``:
-    :func:`~pyro_whvi.experiments.auto_dropout.auto_dropout`); every other method trains, and is fingerprinted, with
-    the first.
+    (from 0.005, 0.01, 0.05 and 0.1, what ``whvi uci``'s default, ``--dropout auto``, gives under ``--protocol auto``
+    below 3,000 training rows: :func:`~pyro_whvi.experiments.auto_dropout.auto_dropout`); every other method trains,
+    and is fingerprinted, with the first.
     """
 
     methods: tuple[str, ...] = ("mfg", "mcd", "whvi")
