@@ -23,7 +23,7 @@ from .ensemble import EnsembleGuide, remove_checkpoints, resumed_member_seconds
 from .methods import MethodSpec, build_method, fit, predictive_sites
 from .reporting import write_atomic
 from .uci_config import BY_RESIDUALS, UCIConfig
-from .uci_data import SplitSizes, UCIData, data_key, dataset_name, load_dataset_split
+from .uci_data import SplitSizes, UCIData, check_source, data_key, dataset_name, load_dataset_split
 from .uci_report import evaluate
 
 __all__ = [
@@ -171,9 +171,7 @@ def check_validation(source: str | Path, config: UCIConfig, sizes: SplitSizes | 
     if not config.holding_out:
         return
     if sizes is None:
-        loaded = [load_dataset_split(source, split) for split in config.splits]
-        rows = min(len(data.y_train) for data in loaded)
-        sizes = SplitSizes(0, 0, 0, loaded[0].num_classes if loaded[0].task == "classification" else 1, rows)
+        sizes = check_source(source, config.splits)
     if any(map(config.calibrates, config.methods)) and sizes.outputs > 1:
         raise ValueError(
             f"--calibrate-noise calibrates a regression likelihood's noise; {source} is a classification set: "

@@ -17,10 +17,9 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from compare import RESULTS, by_split, mean_se  # this folder's helpers
+from compare import HERE, RESULTS, by_split, mean_se  # this folder's helpers
 
 FUNCTIONS = ("hartmann6", "borehole", "otlcircuit", "robot")
-HERE = RESULTS / "mcd_tuned"
 
 
 def settings_at_18000(name: str) -> list[tuple[str, dict[int, dict]]]:
@@ -57,8 +56,8 @@ def main() -> None:
             continue
         whvi = settings[0][1]
         rates = ", ".join(f"{chosen[s]['dropout']:g}" for s in shared)
+        lower = sum(chosen[s]["mnll"] < fixed[s]["mnll"] for s in shared)
         for label, table in settings:
-            lower = sum(chosen[s]["mnll"] < fixed[s]["mnll"] for s in shared)
             cells = [
                 name,
                 label + (f" (chose {rates})" if table is chosen else ""),
