@@ -56,7 +56,14 @@ def dropout_rates(text: str) -> str | float | tuple[float, ...]:
     from .arguments import rates
     from .auto_dropout import AUTO_DROPOUT
 
-    return AUTO_DROPOUT if text.strip() == AUTO_DROPOUT else rates(text)
+    if text.strip() == AUTO_DROPOUT:
+        return AUTO_DROPOUT
+    if AUTO_DROPOUT in (part.strip() for part in text.split(",")):
+        raise argparse.ArgumentTypeError(
+            f"{AUTO_DROPOUT} alone, or one rate below 1 or several separated by commas (e.g. 0.005,0.01,0.05,0.1), "
+            f"got {text!r}"
+        )
+    return rates(text)
 
 
 #: Arguments that set the protocol's network and schedule (UCIConfig.from_protocol's keywords).

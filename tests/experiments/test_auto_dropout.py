@@ -67,3 +67,9 @@ def test_the_command_defaults_to_auto_and_keeps_the_papers_rate_for_classificati
         main([*args, "--dataset", "diabetes", "--dropout", "grid"])
     stderr = capsys.readouterr().err
     assert exited.value.code == 2 and "--dropout" in stderr and "'grid'" in stderr
+    assert "Traceback" not in stderr
+    for mixed in ("auto,0.1", "0.005, auto"):  # auto is not a rate among rates
+        with pytest.raises(SystemExit) as exited:
+            main([*args, "--dataset", "diabetes", "--dropout", mixed])
+        stderr = capsys.readouterr().err
+        assert exited.value.code == 2 and "auto alone, or one rate below 1" in stderr and repr(mixed) in stderr
