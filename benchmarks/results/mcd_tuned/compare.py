@@ -57,6 +57,19 @@ def by_split(folders: Path | tuple[Path, ...], name: str) -> dict[int, dict]:
     return found
 
 
+def whvi_default(name: str, *, every: bool = False) -> dict[int, dict]:
+    """``{split: row}`` of WHVI's default on ``name`` (:data:`SETS`' folders), with ``every`` also the splits MC
+    dropout was not run on (:data:`WHVI_ONLY`'s)."""
+    folders = (*SETS[name], *(WHVI_ONLY.get(name, ()) if every else ()))
+    return by_split(tuple(RESULTS / "uci_calibrated" / each for each in folders), name)
+
+
+def markdown(header: list[str], rows: list[list[str]]) -> str:
+    """A markdown table of ``rows`` under ``header``."""
+    lines = ["| " + " | ".join(line) + " |" for line in (header, *rows)]
+    return "\n".join([lines[0], "|---" * len(header) + "|", *lines[1:]])
+
+
 def mean_se(values: list[float]) -> str:
     """``mean ± standard error`` to three decimals (the mean alone for one value)."""
     if len(values) == 1:
@@ -66,9 +79,9 @@ def mean_se(values: list[float]) -> str:
 
 def main() -> None:
     header = ["set", "MC dropout setting", "splits", "test MNLL", "test RMSE", "WHVI's default lower on"]
-    print("| " + " | ".join(header) + " |\n" + "|---" * len(header) + "|")
-    for name, whvi_folders in SETS.items():
-        whvi = by_split(tuple(RESULTS / "uci_calibrated" / each for each in whvi_folders), name)
+    rows = []
+    for name in SETS:
+        whvi = whvi_default(name)
         tables = {label: by_split(folder(name), name) for label, folder in SETTINGS.items()}
         complete = sorted(set(whvi).intersection(*tables.values()))
         if complete:
@@ -86,17 +99,17 @@ def main() -> None:
             rates = f" (chose {chose})" if chose else ""
             if label.startswith("rate 0.005"):
                 rates = " (engine version 3)" if "engine3" in str(default_rate(name)) else " (`uci_table3/mcd`)"
-            cells = [name, label + rates, ",".join(map(str, shared)), mean_se(mnll), mean_se(rmse), lower]
-            print("| " + " | ".join(cells) + " |")
+            rows.append([name, label + rates, ",".join(map(str, shared)), mean_se(mnll), mean_se(rmse), lower])
+    print(markdown(header, rows))
 
 
 def ten_splits() -> None:
     """Where WHVI's default and the chosen rate both have splits past 0-4: each over splits 0-4, past them and all,
     with the paired difference per split (mean ± standard error), a markdown table."""
     header = ["set", "splits", "WHVI, the default", "MC dropout, rate chosen", "WHVI − MC dropout", "WHVI lower on"]
-    lines = []
-    for name, whvi_folders in SETS.items():
-        whvi = by_split(tuple(RESULTS / "uci_calibrated" / each for each in whvi_folders), name)
+    rows = []
+    for name in SETS:
+        whvi = whvi_default(name)
         chosen = by_split(HERE / f"choice_{name}", name)
         shared = sorted(set(whvi) & set(chosen))
         if max(shared, default=0) < 5:
@@ -106,24 +119,22 @@ def ten_splits() -> None:
             paired = [a - b for a, b in zip(mine, theirs)]
             below = sum(d < 0 for d in paired)
             cells = [name, f"{part[0]}-{part[-1]}", mean_se(mine), mean_se(theirs), mean_se(paired)]
-            cells.append(f"{below} of {len(part)}")
-            lines.append("| " + " | ".join(cells) + " |")
-    if lines:
-        print("\n| " + " | ".join(header) + " |\n" + "|---" * len(header) + "|\n" + "\n".join(lines))
+            rows.append([*cells, f"{below} of {len(part)}"])
+    if rows:
+        print("\n" + markdown(header, rows))
 
 
 def against_published() -> None:
     """WHVI's default over every split it has on a set with more than five, against the published peers' means."""
-    lines = []
-    for name, whvi_folders in SETS.items():
-        folders = (*whvi_folders, *WHVI_ONLY.get(name, ()))
-        whvi = by_split(tuple(RESULTS / "uci_calibrated" / each for each in folders), name)
+    rows = []
+    for name in SETS:
+        whvi = whvi_default(name, every=True)
         if len(whvi) > 5:
             peers = ", ".join(f"{peer}: {value:.2f}" for peer, value in published(name).items())
             mnll = [row["mnll"] for row in whvi.values()]
-            lines.append(f"| {name} | {min(whvi)}-{max(whvi)} | {mean_se(mnll)} | {peers} |")
-    if lines:
-        print("\n| set | splits | WHVI, the default | published (20 splits) |\n|---|---|---|---|\n" + "\n".join(lines))
+            rows.append([name, f"{min(whvi)}-{max(whvi)}", mean_se(mnll), peers])
+    if rows:
+        print("\n" + markdown(["set", "splits", "WHVI, the default", "published (20 splits)"], rows))
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from compare import HERE, RESULTS, by_split, mean_se  # this folder's helpers
+from compare import HERE, RESULTS, by_split, markdown, mean_se  # this folder's helpers
 
 FUNCTIONS = ("hartmann6", "borehole", "otlcircuit", "robot")
 
@@ -47,7 +47,7 @@ def main() -> None:
     at_2000 = sys.argv[1:] == ["--rows", "2000"]
     header = ["function", "setting", "splits", "MNLL − floor", "RMSE / σ", "s/split", "chosen lower on"]
     header += [] if at_2000 else ["WHVI lower on"]
-    print("| " + " | ".join(header) + " |\n" + "|---" * len(header) + "|")
+    rows = []
     for name in FUNCTIONS:
         settings = (settings_at_2000 if at_2000 else settings_at_18000)(name)
         chosen, fixed = settings[-1][1], settings[-2][1]
@@ -70,7 +70,8 @@ def main() -> None:
             if not at_2000:
                 below = sum(whvi[s]["mnll"] < table[s]["mnll"] for s in shared)
                 cells.append("" if table is whvi else f"{below} of {len(shared)}")
-            print("| " + " | ".join(cells) + " |")
+            rows.append(cells)
+    print(markdown(header, rows))
 
 
 if __name__ == "__main__":
