@@ -2,8 +2,8 @@
 (``uci_calibrated``): per set the test MNLL and RMSE (mean ± standard error over the splits) of each rate, of the
 best rate per split chosen on the test rows (an oracle: more than tuning MC dropout could give), and of MC dropout
 with its rate chosen on held-out rows (``choice_<set>``), and on how many splits WHVI's default is lower than each.
-Then, where both have more than splits 0-4, the two over splits 0-4, the rest and all, paired; and WHVI's default over
-every split it has against the published peers' means. Markdown tables.
+Then, where both have more than splits 0-4, the two over splits 0-4, 5-9, 10 on and all, paired; and each over every
+split it has against the published peers' means. Markdown tables.
 
 Run from the repository root: ``python benchmarks/results/mcd_tuned/compare.py``.
 """
@@ -24,11 +24,9 @@ HERE = RESULTS / "mcd_tuned"
 SETS = {
     "yacht": ("whvi",),
     "energy": ("whvi_energy",),
-    "bostonHousing": ("whvi_boston", "whvi_boston_splits5-9"),
-    "concrete": ("whvi_concrete", "whvi_concrete_splits5-9"),
+    "bostonHousing": ("whvi_boston", "whvi_boston_splits5-9", "whvi_boston_splits10-19"),
+    "concrete": ("whvi_concrete", "whvi_concrete_splits5-9", "whvi_concrete_splits10-12"),
 }
-# set: more of WHVI's default's splits, on which MC dropout was not run (the published numbers average 20 splits)
-WHVI_ONLY = {"bostonHousing": ("whvi_boston_splits10-19",)}
 # label: the folder of a set's table, given the set's name
 SETTINGS = {
     "rate 0.005 (the default)": lambda name: default_rate(name),
@@ -57,11 +55,14 @@ def by_split(folders: Path | tuple[Path, ...], name: str) -> dict[int, dict]:
     return found
 
 
-def whvi_default(name: str, *, every: bool = False) -> dict[int, dict]:
-    """``{split: row}`` of WHVI's default on ``name`` (:data:`SETS`' folders), with ``every`` also the splits MC
-    dropout was not run on (:data:`WHVI_ONLY`'s)."""
-    folders = (*SETS[name], *(WHVI_ONLY.get(name, ()) if every else ()))
-    return by_split(tuple(RESULTS / "uci_calibrated" / each for each in folders), name)
+def whvi_default(name: str) -> dict[int, dict]:
+    """``{split: row}`` of WHVI's default on ``name`` (:data:`SETS`' folders)."""
+    return by_split(tuple(RESULTS / "uci_calibrated" / each for each in SETS[name]), name)
+
+
+def chosen(name: str) -> dict[int, dict]:
+    """``{split: row}`` of MC dropout with its rate chosen on held-out rows (the default) on ``name``."""
+    return by_split(HERE / f"choice_{name}", name)
 
 
 def markdown(header: list[str], rows: list[list[str]]) -> str:
@@ -86,7 +87,7 @@ def main() -> None:
         complete = sorted(set(whvi).intersection(*tables.values()))
         if complete:
             tables[ORACLE] = {s: min((t[s] for t in tables.values()), key=lambda row: row["mnll"]) for s in complete}
-        tables[CHOSEN] = by_split(HERE / f"choice_{name}", name)
+        tables[CHOSEN] = chosen(name)
         for label, table in [("WHVI, the default", whvi), *tables.items()]:
             shared = sorted(set(table) & set(whvi))
             if not shared:
@@ -103,19 +104,20 @@ def main() -> None:
     print(markdown(header, rows))
 
 
-def ten_splits() -> None:
-    """Where WHVI's default and the chosen rate both have splits past 0-4: each over splits 0-4, past them and all,
-    with the paired difference per split (mean ± standard error), a markdown table."""
+def more_splits() -> None:
+    """Where WHVI's default and the chosen rate both have splits past 0-4: each over splits 0-4, 5-9, 10 on (as
+    they were run) and all, with the paired difference per split (mean ± standard error), a markdown table."""
     header = ["set", "splits", "WHVI, the default", "MC dropout, rate chosen", "WHVI − MC dropout", "WHVI lower on"]
     rows = []
     for name in SETS:
         whvi = whvi_default(name)
-        chosen = by_split(HERE / f"choice_{name}", name)
-        shared = sorted(set(whvi) & set(chosen))
+        choice = chosen(name)
+        shared = sorted(set(whvi) & set(choice))
         if max(shared, default=0) < 5:
             continue
-        for part in ([s for s in shared if s < 5], [s for s in shared if s >= 5], shared):
-            mine, theirs = ([table[s]["mnll"] for s in part] for table in (whvi, chosen))
+        parts = [[s for s in shared if low <= s < high] for low, high in ((0, 5), (5, 10), (10, len(shared)))]
+        for part in [*filter(None, parts), shared]:
+            mine, theirs = ([table[s]["mnll"] for s in part] for table in (whvi, choice))
             paired = [a - b for a, b in zip(mine, theirs)]
             below = sum(d < 0 for d in paired)
             cells = [name, f"{part[0]}-{part[-1]}", mean_se(mine), mean_se(theirs), mean_se(paired)]
@@ -125,19 +127,20 @@ def ten_splits() -> None:
 
 
 def against_published() -> None:
-    """WHVI's default over every split it has on a set with more than five, against the published peers' means."""
+    """WHVI's default and MC dropout's (the rate chosen) over every split each has on a set with more than five,
+    against the published peers' means."""
     rows = []
     for name in SETS:
-        whvi = whvi_default(name, every=True)
-        if len(whvi) > 5:
-            peers = ", ".join(f"{peer}: {value:.2f}" for peer, value in published(name).items())
-            mnll = [row["mnll"] for row in whvi.values()]
-            rows.append([name, f"{min(whvi)}-{max(whvi)}", mean_se(mnll), peers])
+        peers = ", ".join(f"{peer}: {value:.2f}" for peer, value in published(name).items())
+        for label, table in (("WHVI, the default", whvi_default(name)), ("MC dropout, rate chosen", chosen(name))):
+            if len(table) > 5:
+                splits = f"{min(table)}-{max(table)}"
+                rows.append([name, label, splits, mean_se([row["mnll"] for row in table.values()]), peers])
     if rows:
-        print("\n" + markdown(["set", "splits", "WHVI, the default", "published (20 splits)"], rows))
+        print("\n" + markdown(["set", "method", "splits", "test MNLL", "published (20 splits)"], rows))
 
 
 if __name__ == "__main__":
     main()
-    ten_splits()
+    more_splits()
     against_published()
