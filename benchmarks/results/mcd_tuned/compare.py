@@ -115,7 +115,7 @@ def more_splits() -> None:
         shared = sorted(set(whvi) & set(choice))
         if max(shared, default=0) < 5:
             continue
-        parts = [[s for s in shared if low <= s < high] for low, high in ((0, 5), (5, 10), (10, len(shared)))]
+        parts = [[s for s in shared if low <= s < high] for low, high in ((0, 5), (5, 10), (10, shared[-1] + 1))]
         for part in [*filter(None, parts), shared]:
             mine, theirs = ([table[s]["mnll"] for s in part] for table in (whvi, choice))
             paired = [a - b for a, b in zip(mine, theirs)]
