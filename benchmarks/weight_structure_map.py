@@ -38,8 +38,10 @@ from _results import environment, save_tables
 
 from pyro_whvi.distributions import WHVILayout
 from pyro_whvi.distributions.whvi_matrix import whvi_weight
+from pyro_whvi.experiments.arguments import positive, positive_float
 from pyro_whvi.experiments.reporting import summarize_by
-from pyro_whvi.experiments.uci_data import check_source, dataset_name, load_dataset_split, parse_splits
+from pyro_whvi.experiments.uci_data import UCIData, check_source, dataset_name, load_dataset_split, parse_splits
+from pyro_whvi.metrics import gaussian_mnll, rmse
 
 
 class StructuredLinear(nn.Module):
@@ -73,7 +75,7 @@ def network(net: str, in_features: int, width: int, terms: int) -> nn.Sequential
     return nn.Sequential(*layers[:-1])
 
 
-def fit(net: str, terms: int, data, width: int, steps: int, lr: float, seed: int) -> dict:
+def fit(net: str, terms: int, data: UCIData, width: int, steps: int, lr: float, seed: int) -> dict:
     """Train ``net`` on ``data``'s training rows; its row of the table."""
     torch.manual_seed(seed)
     x, y = data.x_train.double(), data.y_train.double().reshape(-1)
@@ -87,18 +89,19 @@ def fit(net: str, terms: int, data, width: int, steps: int, lr: float, seed: int
         (0.5 * (residual / log_noise.exp()).pow(2).mean() + log_noise).backward()
         optimizer.step()
     with torch.no_grad():
-        train_error = model(x).reshape(-1) - y
-        test_error = model(data.x_test.double()).reshape(-1) - data.y_test.double().reshape(-1)
-        noise = log_noise.exp() * data.y_scale
-        test_nll = 0.5 * math.log(2 * math.pi) + noise.log() + 0.5 * (test_error * data.y_scale / noise).pow(2)
+        # One prediction (a point estimate), as the metrics' one "sample"; back in the targets' units.
+        train_f = model(x).reshape(1, -1) * data.y_scale
+        test_f = model(data.x_test.double()).reshape(1, -1) * data.y_scale
+        y_train, y_test = y * data.y_scale, data.y_test.double().reshape(-1) * data.y_scale
+        noise = log_noise.exp().item() * data.y_scale
     return {
         "net": net,
         "terms": terms if "w" in net else 0,
         "parameters": sum(p.numel() for p in model.parameters()),
-        "train_rmse": train_error.pow(2).mean().sqrt().item() * data.y_scale,
-        "test_rmse": test_error.pow(2).mean().sqrt().item() * data.y_scale,
-        "test_mnll": test_nll.mean().item(),
-        "noise": noise.item(),
+        "train_rmse": rmse(train_f, y_train),
+        "test_rmse": rmse(test_f, y_test),
+        "test_mnll": gaussian_mnll(test_f, noise, y_test),
+        "noise": noise,
         "cpu_seconds": time.process_time() - start,
     }
 
@@ -115,12 +118,11 @@ def _nets(text: str) -> list[str]:
 
 def _terms(text: str) -> list[int]:
     try:
-        terms = [int(part) for part in text.split(",")]
-    except ValueError:
-        terms = []
-    if not terms or min(terms) < 1:
-        raise argparse.ArgumentTypeError(f"expected positive integers separated by commas, e.g. 1,2,4; got {text!r}")
-    return list(dict.fromkeys(terms))
+        return list(dict.fromkeys(positive(part) for part in text.split(",")))
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"expected positive integers separated by commas, e.g. 1,2,4; got {text!r}"
+        ) from None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -130,12 +132,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nets", type=_nets, default=_nets("ddd,www"), help="e.g. ddd,www,dww (default ddd,www)")
     parser.add_argument("--terms", type=_terms, default=[1], help="structures summed per w weight, e.g. 1,2,4")
     parser.add_argument("--width", type=int, default=128, help="hidden units (default 128, WHVI's 2 x 128)")
-    parser.add_argument("--steps", type=int, default=5000, help="Adam steps on all training rows (default 5000)")
-    parser.add_argument("--lr", type=float, default=1e-3, help="Adam's learning rate (default 1e-3)")
+    parser.add_argument("--steps", type=positive, default=5000, help="Adam steps on all training rows (default 5000)")
+    parser.add_argument("--lr", type=positive_float, default=1e-3, help="Adam's learning rate (default 1e-3)")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/weight_structure_map"))
     args = parser.parse_args(argv)
-    if args.width < 2 or args.steps < 1 or not 0 < args.lr < math.inf:
-        parser.error(f"--width >= 2, --steps >= 1, 0 < --lr expected; got {args.width}, {args.steps}, {args.lr}")
+    if args.width < 2:
+        parser.error(f"--width: at least 2 hidden units expected, got {args.width}")
     try:
         check_source(args.data_dir, args.splits)
     except (ValueError, FileNotFoundError) as error:
@@ -143,7 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     runs = [(net, terms) for net in args.nets for terms in (args.terms if "w" in net else [1])]
     rows = []
-    with tqdm(total=len(runs) * len(args.splits), desc=dataset_name(args.data_dir)) as progress:
+    name = dataset_name(args.data_dir)
+    with tqdm(total=len(runs) * len(args.splits), desc=name) as progress:
         for split in args.splits:
             data = load_dataset_split(args.data_dir, split)
             for net, terms in runs:
@@ -151,7 +154,6 @@ def main(argv: list[str] | None = None) -> int:
                 progress.update()
     metrics = ("train_rmse", "test_rmse", "test_mnll", "cpu_seconds")
     summary = summarize_by(rows, ("net", "terms", "parameters"), metrics)
-    name = dataset_name(args.data_dir)
     lines = [
         f"### {name}: point estimates, {args.steps} Adam steps at {args.lr}, width {args.width}, splits "
         f"{','.join(map(str, args.splits))} (mean ± standard error)",

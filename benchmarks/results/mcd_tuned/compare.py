@@ -11,12 +11,13 @@ Run from the repository root: ``python benchmarks/results/mcd_tuned/compare.py``
 from __future__ import annotations
 
 import json
-import statistics
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # benchmarks/, for the published numbers
 from uci_summary import published
+
+from pyro_whvi.metrics import mean_and_standard_error
 
 RESULTS = Path("benchmarks/results")
 HERE = RESULTS / "mcd_tuned"
@@ -75,7 +76,8 @@ def mean_se(values: list[float]) -> str:
     """``mean ± standard error`` to three decimals (the mean alone for one value)."""
     if len(values) == 1:
         return f"{values[0]:.3f}"
-    return f"{statistics.mean(values):.3f} ± {statistics.stdev(values) / len(values) ** 0.5:.3f}"
+    mean, standard_error = mean_and_standard_error(values)
+    return f"{mean:.3f} ± {standard_error:.3f}"
 
 
 def main() -> None:
