@@ -26,7 +26,7 @@ SETS = {
     "yacht": ("whvi",),
     "energy": ("whvi_energy",),
     "bostonHousing": ("whvi_boston", "whvi_boston_splits5-9", "whvi_boston_splits10-19"),
-    "concrete": ("whvi_concrete", "whvi_concrete_splits5-9", "whvi_concrete_splits10-12"),
+    "concrete": ("whvi_concrete", "whvi_concrete_splits5-9", "whvi_concrete_splits10-19"),
 }
 # label: the folder of a set's table, given the set's name
 SETTINGS = {
