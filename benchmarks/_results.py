@@ -1,8 +1,9 @@
 """What every benchmark script does with its results: save JSON/CSV/markdown, describe the machine,
-style log-log plots."""
+style log-log plots, read ``whvi uci``'s per-split rows back and give their mean."""
 
 from __future__ import annotations
 
+import json
 import platform
 import sys
 from pathlib import Path
@@ -11,8 +12,9 @@ from typing import Any
 import torch
 
 from pyro_whvi.experiments.reporting import save_tables
+from pyro_whvi.metrics import mean_and_standard_error
 
-__all__ = ["environment", "report_saved", "save_figure", "save_tables", "style_log_axes"]
+__all__ = ["by_split", "environment", "mean_se", "report_saved", "save_figure", "save_tables", "style_log_axes"]
 
 
 def environment(**extra: Any) -> dict[str, Any]:
@@ -49,3 +51,22 @@ def save_figure(fig: Any, path: Path) -> bool:
 
 def report_saved(out: Path, stem: str, plotted: bool) -> None:
     print(f"\nsaved {out / stem}.{{json,csv,md}}" + (" and .png" if plotted else " (install matplotlib for the plot)"))
+
+
+def by_split(folders: Path | tuple[Path, ...], name: str) -> dict[int, dict]:
+    """``{split: row}`` of the per-split rows ``whvi uci`` keeps in the summary of ``name`` in a folder (empty where it
+    has not written one yet), or in several, a split from the first that has it."""
+    found: dict[int, dict] = {}
+    for each in (folders,) if isinstance(folders, Path) else folders:
+        table = each / f"uci_{name}.json"
+        rows = json.loads(table.read_text())["meta"]["splits"] if table.exists() else []
+        found |= {row["split"]: row for row in rows if row["split"] not in found}
+    return found
+
+
+def mean_se(values: list[float]) -> str:
+    """``mean ± standard error`` to three decimals (the mean alone for one value)."""
+    if len(values) == 1:
+        return f"{values[0]:.3f}"
+    mean, standard_error = mean_and_standard_error(values)
+    return f"{mean:.3f} ± {standard_error:.3f}"

@@ -10,14 +10,12 @@ Run from the repository root: ``python benchmarks/results/mcd_tuned/compare.py``
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # benchmarks/, for the published numbers
+from _results import by_split, mean_se
 from uci_summary import published
-
-from pyro_whvi.metrics import mean_and_standard_error
 
 RESULTS = Path("benchmarks/results")
 HERE = RESULTS / "mcd_tuned"
@@ -45,17 +43,6 @@ def default_rate(name: str) -> Path:
     return rerun if len(by_split(rerun, name)) == 5 else RESULTS / "uci_table3" / "mcd"
 
 
-def by_split(folders: Path | tuple[Path, ...], name: str) -> dict[int, dict]:
-    """``{split: row}`` of the per-split rows ``whvi uci`` keeps in the summary of ``name`` in a folder (empty where it
-    has not written one yet), or in several, a split from the first that has it."""
-    found: dict[int, dict] = {}
-    for each in (folders,) if isinstance(folders, Path) else folders:
-        table = each / f"uci_{name}.json"
-        rows = json.loads(table.read_text())["meta"]["splits"] if table.exists() else []
-        found |= {row["split"]: row for row in rows if row["split"] not in found}
-    return found
-
-
 def whvi_default(name: str) -> dict[int, dict]:
     """``{split: row}`` of WHVI's default on ``name`` (:data:`SETS`' folders)."""
     return by_split(tuple(RESULTS / "uci_calibrated" / each for each in SETS[name]), name)
@@ -70,14 +57,6 @@ def markdown(header: list[str], rows: list[list[str]]) -> str:
     """A markdown table of ``rows`` under ``header``."""
     lines = ["| " + " | ".join(line) + " |" for line in (header, *rows)]
     return "\n".join([lines[0], "|---" * len(header) + "|", *lines[1:]])
-
-
-def mean_se(values: list[float]) -> str:
-    """``mean ± standard error`` to three decimals (the mean alone for one value)."""
-    if len(values) == 1:
-        return f"{values[0]:.3f}"
-    mean, standard_error = mean_and_standard_error(values)
-    return f"{mean:.3f} ± {standard_error:.3f}"
 
 
 def main() -> None:

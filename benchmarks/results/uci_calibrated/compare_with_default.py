@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import json
 import statistics
+import sys
 from pathlib import Path
 
-from pyro_whvi.metrics import mean_and_standard_error
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # benchmarks/, for the summaries' reader
+from _results import by_split, mean_se
 
 RESULTS = Path("benchmarks/results")
 # set: (folder here, the probe's name for it)
@@ -25,18 +27,13 @@ HEADER = ["set", "split", "learned noise MNLL", "**calibrated**", "change", "pro
           "learned noise)", "s (held-out fit)"]  # fmt: skip
 
 
-def splits(table: Path) -> list[dict]:
-    """The per-split rows ``whvi uci`` keeps in a summary's meta (none where the run has not written it yet)."""
-    return json.loads(table.read_text())["meta"]["splits"] if table.exists() else []
-
-
 probe = json.loads((RESULTS / "noise_recalibration" / "mixture.json").read_text())
 print("| " + " | ".join(HEADER) + " |\n" + "|---" * len(HEADER) + "|")
 means = []
 for name, (folder, key) in SETS.items():
-    default = {row["split"]: row for row in splits(RESULTS / "uci_table3" / "whvi" / f"uci_{name}.json")}
+    default = by_split(RESULTS / "uci_table3" / "whvi", name)
     pairs = []
-    for row in splits(RESULTS / "uci_calibrated" / folder / f"uci_{name}.json"):
+    for row in by_split(RESULTS / "uci_calibrated" / folder, name).values():
         split, before = row["split"], default[row["split"]]
         entry = probe.get(f"{key}_s{split}_keep", probe.get(f"{key}_s{split}", {}))
         predicted = f"{entry['mixture']['mnll']:.3f}" if entry else "–"
@@ -51,29 +48,16 @@ for name, (folder, key) in SETS.items():
 print("\nMeans, learned noise -> calibrated: " + "; ".join(means))
 
 
-def by_split(*tables: Path) -> dict[int, dict]:
-    """``{split: row}`` of the summaries ``tables``, a split from the first that has it."""
-    found: dict[int, dict] = {}
-    for table in tables:
-        found |= {row["split"]: row for row in splits(table) if row["split"] not in found}
-    return found
-
-
-def mean_se(values: list[float]) -> str:
-    mean, standard_error = mean_and_standard_error(values)
-    return f"{mean:.3f} ± {standard_error:.3f}"
-
-
 def energy_variants() -> None:
-    table = "uci_energy.json"
-    default = by_split(RESULTS / "uci_calibrated" / "whvi_energy" / table)
-    mcd, tuned = (by_split(RESULTS / folder / table) for folder in ("uci_table3/mcd", "mcd_tuned/choice_energy"))
+    """Energy's variants (:data:`VARIANTS`) per split and their means, markdown."""
+    default = by_split(RESULTS / "uci_calibrated" / "whvi_energy", "energy")
+    mcd, tuned = (by_split(RESULTS / folder, "energy") for folder in ("uci_table3/mcd", "mcd_tuned/choice_energy"))
     header = ["split", "variant", "learned noise", "**calibrated**", "factor c", "the default", "MC dropout",
               "s (held-out fit)"]  # fmt: skip
     print("\n| " + " | ".join(header) + " |\n" + "|---" * len(header) + "|")
     means = []
     for label, folders in VARIANTS.items():
-        rows = by_split(*(RESULTS / "uci_calibrated" / "energy_variants" / each / table for each in folders))
+        rows = by_split(tuple(RESULTS / "uci_calibrated" / "energy_variants" / each for each in folders), "energy")
         for split, row in sorted(rows.items()):
             learned = f"{row['learned_noise_mnll']:.3f}" if "learned_noise_mnll" in row else "–"
             cells = [split, label, learned, f"**{row['mnll']:.3f}**", f"{row['noise_factor']:.3f}"]
