@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -71,7 +72,15 @@ if TYPE_CHECKING:
     from .uci_config import UCIConfig
     from .uci_data import UCIData
 
-__all__ = ["NOISE_FACTORS", "calibrate_noise", "calibrated_noise", "calibration_store", "keep_weight", "noise_factor"]
+__all__ = [
+    "NOISE_FACTORS",
+    "HeldOutFit",
+    "calibrate_noise",
+    "calibrated_noise",
+    "calibration_store",
+    "keep_weight",
+    "noise_factor",
+]
 
 #: The factors :func:`noise_factor` chooses from: 601, log-spaced from 0.01 to 10 (1.2% apart).
 NOISE_FACTORS = torch.logspace(-2.0, 1.0, 601, dtype=torch.float64)
@@ -104,6 +113,29 @@ def calibrated_noise(noise: torch.Tensor, calibration: dict[str, Any]) -> tuple[
     return torch.stack([noise * calibration["noise_factor"], noise]), (1.0 - keep, keep)
 
 
+@dataclass(frozen=True)
+class HeldOutFit:
+    """A regression fit's predictive on the held-out rows of its split: samples of f ``(S, N)``, the noise (one, or
+    one per sample and row), the rows' targets (standardized) and the seconds the fit trained (0 where they are
+    counted elsewhere)."""
+
+    f: torch.Tensor
+    noise: torch.Tensor | float | None
+    y: torch.Tensor
+    seconds: float = 0.0
+
+    def calibration(self, y_scale: float) -> dict[str, Any]:
+        """:func:`calibrate_noise`'s result for this fit, the MNLL shifted to targets scaled by ``y_scale``."""
+        assert self.noise is not None  # regression
+        factor, _, learned = noise_factor(self.f, self.noise, self.y)
+        result: dict[str, Any] = {"noise_factor": factor, "learned_noise_weight": keep_weight(len(self.y))}
+        mixture, weights = calibrated_noise(torch.as_tensor(self.noise, dtype=torch.float64), result)
+        calibrated = gaussian_mnll(self.f.double(), mixture, self.y.double(), weights)
+        shift = math.log(y_scale)  # the MNLL in the targets' original units, as the rows report it
+        result.update(calibration_mnll=[learned + shift, calibrated + shift], calibration_seconds=self.seconds)
+        return result
+
+
 def calibration_store(selection_store: Path) -> Path:
     """Where a split's calibration is kept: beside its choice of settings (``selection_store``),
     ``*.calibration.json``."""
@@ -118,12 +150,17 @@ def calibrate_noise(
     data: UCIData,
     candidate: str = "",
     store: Path | None = None,
+    fitted: HeldOutFit | None = None,
 ) -> dict[str, Any]:
     """Train ``spec`` with ``config`` (one candidate's settings) on the fit part of split ``split``'s training rows
     and choose the factor of its noise on the held-out part (see the module). Regression only, in one process.
 
     :param store: a JSON file that keeps the result (and, while the fit trains, a checkpoint next to it), so that a
         rerun with the same settings does not train again.
+    :param fitted: that fit's predictive on the held-out rows where the caller has it: the chosen candidate's, when
+        :func:`~.uci_train.choose_settings` chose ``config`` on the same rows (:func:`~.uci.run_split` keeps each
+        candidate's). It is used instead of training the fit again, and its seconds, counted in the choice's, are
+        not counted here (``calibration_seconds`` 0).
     :returns: the row's ``noise_factor``, ``learned_noise_weight`` (:func:`keep_weight` of the held-out rows),
         ``calibration_mnll`` (the held-out rows' MNLL with the learned noise and with the calibrated predictive,
         original units) and ``calibration_seconds`` (the fit's training).
@@ -139,20 +176,16 @@ def calibrate_noise(
     saved = read_saved(store, "calibration") if store is not None else {}
     if saved.get("fingerprint") == fingerprint:
         return dict(saved["calibration"])
-    part = validation_part(data, config.val_fraction, config.seed + split)
     checkpoint = None
-    if store is not None and config.checkpoint_every:
-        checkpoint = Checkpoint(store.with_suffix(".ckpt"), config.checkpoint_every, fingerprint)
-    label = f"calibration {candidate}".strip()
-    trained = train_split(source, spec, split, config, checkpoint, data=part, validation=True, candidate=label)
-    f, noise = predict_split(trained, part.x_test, config)
-    assert noise is not None  # regression
-    factor, _, learned = noise_factor(f, noise, part.y_test)
-    result: dict[str, Any] = {"noise_factor": factor, "learned_noise_weight": keep_weight(len(part.y_test))}
-    mixture, weights = calibrated_noise(torch.as_tensor(noise, dtype=torch.float64), result)
-    calibrated = gaussian_mnll(f.double(), mixture, part.y_test.double(), weights)
-    shift = math.log(data.y_scale)  # the MNLL in the targets' original units, as the rows report it
-    result.update(calibration_mnll=[learned + shift, calibrated + shift], calibration_seconds=trained.seconds)
+    if fitted is None:
+        part = validation_part(data, config.val_fraction, config.seed + split)
+        if store is not None and config.checkpoint_every:
+            checkpoint = Checkpoint(store.with_suffix(".ckpt"), config.checkpoint_every, fingerprint)
+        label = f"calibration {candidate}".strip()
+        trained = train_split(source, spec, split, config, checkpoint, data=part, validation=True, candidate=label)
+        f, noise = predict_split(trained, part.x_test, config)
+        fitted = HeldOutFit(f, noise, part.y_test, trained.seconds)
+    result = fitted.calibration(data.y_scale)
     if store is not None:
         write_atomic(store, json.dumps({"fingerprint": fingerprint, "calibration": result}))
         if checkpoint is not None:

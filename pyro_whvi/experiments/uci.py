@@ -32,6 +32,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import torch
 import torch.distributed as dist
 from tqdm.auto import tqdm
 
@@ -45,7 +46,7 @@ from .ensemble import remove_checkpoints
 from .likelihood_choice import NOISE_GAIN_THRESHOLD, check_store, train_choosing_likelihood
 from .memory_checks import check_uci_memory
 from .methods import MethodSpec, parse_method
-from .noise_calibration import calibrate_noise, calibrated_noise, calibration_store
+from .noise_calibration import HeldOutFit, calibrate_noise, calibrated_noise, calibration_store
 from .noisy_sets import NOISE_FILE, noise_floor, split_noise_std
 from .reporting import check_writable, save_tables, write_atomic
 from .uci_config import BY_RESIDUALS, ENGINE_VERSION, UCIConfig
@@ -116,8 +117,9 @@ def run_split(
     ``"by-residuals"`` only where the split chooses the head, before the head's training) and the
     predictive is the scale mixture of the noise times the row's ``noise_factor`` and, with weight
     ``learned_noise_weight``, the learned noise (:func:`~pyro_whvi.experiments.noise_calibration.calibrated_noise`);
-    its ``calibration_seconds`` count in ``train_seconds``, and ``learned_noise_mnll`` is the test MNLL the learned
-    noise alone gives the same draws (what the calibration changed).
+    its ``calibration_seconds`` count in ``train_seconds`` (0 where the settings were chosen: the held-out fit is the
+    chosen candidate's, trained once, its seconds in ``selection_seconds``), and ``learned_noise_mnll`` is the test
+    MNLL the learned noise alone gives the same draws (what the calibration changed).
     In a process group every rank trains its shard and only rank 0 evaluates (the others return ``({}, {})``).
     """
     chosen: dict[str, Any] = {}
@@ -125,8 +127,15 @@ def run_split(
     if data is None:  # loaded once and passed down (whvi uci loads each split once for all its methods)
         data = load_dataset_split(source, split, standardize_targets=config.standardize_targets)
     own = config.for_method(spec.name)  # the dropout rates are candidates for mcd alone
+    fits: dict[str, HeldOutFit] = {}  # each candidate's predictive on the held-out rows, where the noise is calibrated
+
+    def keep_fit(candidate: str, f: torch.Tensor, noise: torch.Tensor | None, y: torch.Tensor) -> None:
+        fits[candidate] = HeldOutFit(f, noise, y)
+
     if own.choosing:
-        label, settings, scores, seconds = choose_settings(source, spec, split, own, selection_store, data)
+        one_scale = data.task == "regression" and own.likelihood_of(spec.name) != BY_RESIDUALS
+        on_fit = keep_fit if config.calibrates(spec.name) and one_scale else None
+        label, settings, scores, seconds = choose_settings(source, spec, split, own, selection_store, data, on_fit)
         chosen = {"kl_weight": settings.kl_weight, "validation_scores": scores, "selection_seconds": seconds}
         if len(own.dropouts) > 1:
             chosen["dropout"] = settings.dropout
@@ -144,8 +153,8 @@ def run_split(
         calibration.update(calibrate_noise(source, spec, split, chosen_settings, data, label, kept))
 
     by_residuals = data.task == "regression" and settings.likelihood_of(spec.name) == BY_RESIDUALS
-    if config.calibrates(spec.name) and not by_residuals:
-        calibrate(settings)
+    if config.calibrates(spec.name) and not by_residuals:  # the chosen candidate's fit is the one it would train
+        calibration.update(calibrate_noise(source, spec, split, settings, data, label, kept, fits.get(label)))
     if by_residuals:  # calibrated where the split chooses the head
         store = check_store(selection_store) if selection_store is not None else None
         before_head = calibrate if config.calibrates(spec.name) else None

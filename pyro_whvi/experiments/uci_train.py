@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -200,6 +201,7 @@ def choose_settings(
     config: UCIConfig,
     store: Path | None = None,
     data: UCIData | None = None,
+    on_fit: Callable[[str, torch.Tensor, torch.Tensor | None, torch.Tensor], None] | None = None,
 ) -> tuple[str, UCIConfig, dict[str, float], float]:
     """Train ``spec`` with each of ``config``'s candidates (:meth:`UCIConfig.candidates`: KL weights, protocols)
     on the fit part of split ``split``'s training rows (:func:`validation_part`) and score it on the rest: test
@@ -208,6 +210,9 @@ def choose_settings(
     :param store: a JSON file that keeps each finished candidate's score and seconds (and, while it trains, a
         checkpoint next to it), so that a rerun with the same settings does not train it again.
     :param data: the split, when the caller has loaded it (:func:`run_split` loads it once and passes it down).
+    :param on_fit: called with each candidate's label and its predictive on the held-out rows (samples of f, the
+        noise, the rows' targets) as it is trained, not where its score is read back from ``store``
+        (:func:`~.uci.run_split` keeps the chosen one's to calibrate the noise without training it again).
     :returns: the best candidate's label and settings (the lowest score; ties: the first given; a NaN score
         never wins), every candidate's score by label, and the seconds their training took.
     """
@@ -234,6 +239,8 @@ def choose_settings(
             )
             f, noise = predict_split(trained, part.x_test, settings)
             scores[label], seconds[label] = evaluate(part, f, noise)[metric], trained.seconds
+            if on_fit is not None:
+                on_fit(label, f, noise, part.y_test)
             if store is not None:
                 write_atomic(store, json.dumps(saved, indent=2))
                 if checkpoint is not None:

@@ -124,6 +124,26 @@ def test_the_factor_is_chosen_on_the_held_out_rows_and_scales_the_full_fits_nois
         calibrate_noise("digits", mfg, 0, config, load_dataset_split("digits", 0))
 
 
+def test_a_chosen_candidates_fit_is_calibrated_without_training_it_again(monkeypatch):
+    """With candidates to choose from (MC dropout's rates) the held-out fit the calibration needs is the chosen
+    candidate's, on the same rows: the row's calibration is what training that fit again gives (to the float32
+    predictive's precision), no fit is trained for it, and its seconds are the choice's (0 in the row)."""
+    mcd = parse_method("mcd")
+    config = _config(methods=("mcd",), dropout=(0.005, 0.3), calibrate_noise=True)
+    data = load_dataset_split("diabetes", 0)
+    label, chosen, *_ = uci.choose_settings("diabetes", mcd, 0, config.for_method("mcd"), None, data)
+    trained_again = calibrate_noise("diabetes", mcd, 0, chosen, data, label)
+    assert trained_again["calibration_seconds"] > 0 and trained_again["noise_factor"] != 1.0
+    monkeypatch.setattr(noise_calibration, "train_split", lambda *a, **k: pytest.fail("trained the fit again"))
+    row, _ = uci.run_split("diabetes", mcd, 0, config, data=data)
+    assert row["dropout"] == chosen.dropout and row["calibration_seconds"] == 0.0
+    assert row["noise_factor"] == trained_again["noise_factor"]
+    assert row["learned_noise_weight"] == trained_again["learned_noise_weight"]
+    assert row["calibration_mnll"] == pytest.approx(trained_again["calibration_mnll"], rel=1e-6)
+    assert row["calibration_mnll"][0] == pytest.approx(row["validation_scores"][label], rel=1e-6)
+    assert row["train_seconds"] > row["selection_seconds"] > 0
+
+
 def test_calibrating_is_fingerprinted_and_checked_before_training(tmp_path, capsys):
     """Stored results without the flag stay valid (the same fingerprint as before it existed); with it the
     fingerprint differs and reads ``val_fraction``; it needs one process, a regression set and enough rows."""
