@@ -20,7 +20,8 @@ with :math:`\sigma` its noise (the learned scale, or a head's per row), :math:`c
 (:func:`noise_factor`, q's samples of f as they are), and :math:`\epsilon = 1/(n + 2)` for :math:`n` held-out rows
 (:func:`keep_weight`). One scalar chosen on held-out rows, as MC dropout's published numbers choose their noise
 precision :math:`\tau` (Gal and Ghahramani's grid search), at the cost of the held-out fit: about 1.8 times the
-split's training.
+split's training, and nothing more where the run chooses settings on the same held-out rows (MC dropout's rates,
+``--kl-weight a,b``): the chosen candidate's fit is that fit (:class:`HeldOutFit`).
 
 Under the likelihood ``"by-residuals"`` (WHVI's default from 3,000 training rows,
 :mod:`~pyro_whvi.experiments.likelihood_choice`) the noise is calibrated only where the split chooses the

@@ -147,9 +147,9 @@ def add_uci_command(commands) -> None:
         "that gives those rows the lowest MNLL; the fit on all rows then predicts with its noise times it, keeping a "
         "weight 1/(held-out rows + 2) on its learned noise (1.8x the training, nothing more where candidates are "
         "chosen on those rows: the chosen one's fit is reused; the table names each factor). on (the flag alone): "
-        "every method; under --likelihood by-residuals only where a split chooses the head; auto: whvi "
-        f"under --protocol auto below {AUTO_WIDE_FROM_ROWS:,} training rows and from there under by-residuals, in one "
-        "process (the default); off: none",
+        "every method; under --likelihood by-residuals only where a split chooses the head; auto: whvi and mcd "
+        f"under --protocol auto below {AUTO_WIDE_FROM_ROWS:,} training rows, whvi from there under by-residuals, in "
+        "one process (the default); off: none",
     )
     uci.add_argument("--samples", type=samples, default=defaults.samples, help="test-time posterior samples")
     uci.add_argument(

@@ -1,6 +1,6 @@
-"""``whvi uci --calibrate-noise auto``: the noise calibrated on held-out rows for WHVI below 3,000 training rows
-(from there where a split chooses the head: ``test_head_calibration.py``) under ``--protocol auto``
-(:mod:`pyro_whvi.experiments.auto_calibration`), resolved per method into
+"""``whvi uci --calibrate-noise auto``: the noise calibrated on held-out rows for WHVI and MC dropout below 3,000
+training rows (from there for WHVI where a split chooses the head: ``test_head_calibration.py``) under
+``--protocol auto`` (:mod:`pyro_whvi.experiments.auto_calibration`), resolved per method into
 :class:`~pyro_whvi.experiments.uci_config.UCIConfig` and fingerprinted as the setting it resolves to."""
 
 from __future__ import annotations
@@ -17,22 +17,25 @@ from pyro_whvi.experiments.uci import UCIConfig, run_uci
 from pyro_whvi.experiments.uci_protocols import AUTO_WIDE_FROM_ROWS
 
 
-def test_the_rule_calibrates_whvi_alone_below_the_rows_under_the_auto_protocol():
+def test_the_rule_calibrates_whvi_and_mc_dropout_below_the_rows_under_the_auto_protocol():
     below, at = AUTO_WIDE_FROM_ROWS - 1, AUTO_WIDE_FROM_ROWS
-    assert auto_calibration("auto", below) and auto_calibration("auto", 1)
-    assert not auto_calibration("auto", at)  # one noise scale from here gains nothing (by-residuals: the head's)
-    assert not auto_calibration("table3", below)  # a fixed protocol keeps the paper's predictive
-    assert not auto_calibration("", below)  # several protocols chosen on held-out rows
-    for base in ("mcd", "mfg", "nf-whvi", "whvi-full", "ensemble"):
+    for base in ("whvi", "mcd"):
+        assert auto_calibration("auto", below, base) and auto_calibration("auto", 1, base)
+        assert not auto_calibration("auto", at, base)  # one noise scale from here gains nothing
+        assert not auto_calibration("table3", below, base)  # a fixed protocol keeps the paper's predictive
+        assert not auto_calibration("", below, base)  # several protocols chosen on held-out rows
+        assert not auto_calibration("auto", below, base, iblm=True)
+        assert not auto_calibration("auto", below, base, nproc=2)  # the held-out fit is not data-parallel
+    for base in ("mfg", "nf-whvi", "whvi-full", "ensemble"):  # not measured with it
         assert not auto_calibration("auto", below, base)
-    assert not auto_calibration("auto", below, "whvi", iblm=True)
-    assert not auto_calibration("auto", below, nproc=2)  # the held-out fit is not data-parallel
     for rows in (0, -5, 2.5, True):
         with pytest.raises(ValueError, match="auto_calibration: a positive number of training rows"):
             auto_calibration("auto", rows)
 
 
-def _auto(train_rows: int, calibrate: str = "auto", methods=("whvi", "mcd"), protocol="auto", **fields) -> UCIConfig:
+def _auto(
+    train_rows: int, calibrate: str = "auto", methods=("whvi", "mcd", "mfg"), protocol="auto", **fields
+) -> UCIConfig:
     return UCIConfig.from_protocol(
         protocol, "yacht", train_rows=train_rows, methods=methods, calibrate_noise=calibrate, **fields
     )
@@ -43,14 +46,15 @@ def test_auto_resolves_per_method_and_keeps_every_other_methods_fingerprint():
     every other method's is that of a run without it (``off``: their stored splits stay valid, ``val_fraction``
     not read); from 3,000 rows, under a fixed protocol and in several processes ``auto`` is ``off``."""
     auto, on, off = _auto(277), _auto(277, "on"), _auto(277, "off")
-    assert auto.calibrates("whvi") and not auto.calibrates("mcd")
-    assert (on.calibrates("mcd"), off.calibrates("whvi")) == (True, False)
-    assert auto.holding_out and auto.for_method("whvi").holding_out and not auto.for_method("mcd").holding_out
-    assert auto.fingerprint("whvi", "k") == on.fingerprint("whvi", "k") != off.fingerprint("whvi", "k")
-    assert auto.fingerprint("mcd", "k") == off.fingerprint("mcd", "k") != on.fingerprint("mcd", "k")
-    assert auto.fingerprint("mcd", "k") == replace(auto, val_fraction=0.3).fingerprint("mcd", "k")
-    assert auto.fingerprint("whvi", "k") != replace(auto, val_fraction=0.3).fingerprint("whvi", "k")
-    assert "noise calibrated on held-out rows for whvi (below 3,000 rows); not for mcd" in auto.protocol
+    assert auto.calibrates("whvi") and auto.calibrates("mcd") and not auto.calibrates("mfg")
+    assert (on.calibrates("mfg"), off.calibrates("whvi"), off.calibrates("mcd")) == (True, False, False)
+    assert auto.holding_out and auto.for_method("mcd").holding_out and not auto.for_method("mfg").holding_out
+    for method in ("whvi", "mcd"):
+        assert auto.fingerprint(method, "k") == on.fingerprint(method, "k") != off.fingerprint(method, "k")
+        assert auto.fingerprint(method, "k") != replace(auto, val_fraction=0.3).fingerprint(method, "k")
+    assert auto.fingerprint("mfg", "k") == off.fingerprint("mfg", "k") != on.fingerprint("mfg", "k")
+    assert auto.fingerprint("mfg", "k") == replace(auto, val_fraction=0.3).fingerprint("mfg", "k")
+    assert "noise calibrated on held-out rows for whvi, mcd (below 3,000 rows); not for mfg" in auto.protocol
     assert "calibrated" not in off.protocol and "calibrated" not in _auto(AUTO_WIDE_FROM_ROWS).protocol
     for other in (_auto(AUTO_WIDE_FROM_ROWS), _auto(277, protocol="table3"), _auto(277, nproc=2)):
         assert not any(map(other.calibrates, other.methods)) and not other.holding_out, other.protocol
@@ -96,14 +100,14 @@ def test_the_command_takes_auto_on_and_off_and_turns_auto_off_for_classification
     from pyro_whvi.experiments.cli import main
 
     configs = uci_configs
-    args = ["uci", "--methods", "whvi,mcd", "--splits", "0", "--out", str(tmp_path)]
+    args = ["uci", "--methods", "whvi,mcd,mfg", "--splits", "0", "--out", str(tmp_path)]
     for extra in ([], ["--calibrate-noise"], ["--calibrate-noise", "auto"], ["--calibrate-noise", "off"]):
         assert main([*args, "--dataset", "diabetes", *extra]) == 0
-    assert [(c.calibrates("whvi"), c.calibrates("mcd")) for c in configs] == [
-        (True, False),  # the default: auto
-        (True, True),
-        (True, False),
-        (False, False),
+    assert [(c.calibrates("whvi"), c.calibrates("mcd"), c.calibrates("mfg")) for c in configs] == [
+        (True, True, False),  # the default: auto
+        (True, True, True),
+        (True, True, False),
+        (False, False, False),
     ]
     assert main([*args, "--dataset", "digits"]) == 0  # auto, turned off for classification
     assert not any(map(configs[-1].calibrates, configs[-1].methods))
