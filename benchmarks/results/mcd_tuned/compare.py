@@ -11,6 +11,7 @@ Run from the repository root: ``python benchmarks/results/mcd_tuned/compare.py``
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # benchmarks/, for the published numbers
@@ -107,13 +108,18 @@ def more_splits() -> None:
         print("\n" + markdown(header, rows))
 
 
-def against_published() -> None:
-    """WHVI's default and MC dropout's (the rate chosen) over every split each has on a set with more than five,
-    against the published peers' means."""
+def whvi_and_chosen(name: str) -> list[tuple[str, dict[int, dict]]]:
+    """WHVI's default and MC dropout with its rate chosen on ``name``: ``(label, {split: row})``."""
+    return [("WHVI, the default", whvi_default(name)), ("MC dropout, rate chosen", chosen(name))]
+
+
+def against_published(methods: Callable[[str], list[tuple[str, dict[int, dict]]]] = whvi_and_chosen) -> None:
+    """Each ``(label, {split: row})`` of ``methods(name)`` (WHVI's default and MC dropout's, the rate chosen) over
+    every split it has on a set with more than five, against the published peers' means."""
     rows = []
     for name in SETS:
         peers = ", ".join(f"{peer}: {value:.2f}" for peer, value in published(name).items())
-        for label, table in (("WHVI, the default", whvi_default(name)), ("MC dropout, rate chosen", chosen(name))):
+        for label, table in methods(name):
             if len(table) > 5:
                 splits = f"{min(table)}-{max(table)}"
                 rows.append([name, label, splits, mean_se([row["mnll"] for row in table.values()]), peers])

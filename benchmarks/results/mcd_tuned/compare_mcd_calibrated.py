@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # compare.py, beside this file
-from compare import HERE, SETS, by_split, chosen, markdown, mean_se, published, whvi_default
+from compare import HERE, SETS, against_published, by_split, chosen, markdown, mean_se, whvi_default
 
 CALIBRATED = HERE / "calibrated"
 SYNTHETIC = ("hartmann6", "robot")  # the 2,000-row sets of ``rows2000``
@@ -86,20 +86,6 @@ def main() -> None:
     print("\n" + markdown(["set", "noise factor chosen", "splits"], factors))
 
 
-def against_published() -> None:
-    """MC dropout calibrated and WHVI's default over every split each has on a set with more than five, against the
-    published peers' means."""
-    table = []
-    for name in SETS:
-        peers = ", ".join(f"{peer}: {value:.2f}" for peer, value in published(name).items())
-        for label, found in (("WHVI, the default", whvi_default(name)), ("MC dropout, calibrated", rows(name))):
-            if len(found) > 5:
-                splits = f"{min(found)}-{max(found)}"
-                table.append([name, label, splits, mean_se([row["mnll"] for row in found.values()]), peers])
-    if table:
-        print("\n" + markdown(["set", "method", "splits", "test MNLL", "published (20 splits)"], table))
-
-
 def synthetic() -> None:
     """At 2,000 rows (``rows2000``: 1,800 for training, a known floor) MC dropout calibrated (``calibrated_<f>``)
     against its learned noise (``choice_<f>``, the default's rows before the calibration): MNLL minus the floor."""
@@ -123,5 +109,5 @@ def synthetic() -> None:
 
 if __name__ == "__main__":
     main()
-    against_published()
+    against_published(lambda name: [("WHVI, the default", whvi_default(name)), ("MC dropout, calibrated", rows(name))])
     synthetic()
