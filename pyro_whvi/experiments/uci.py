@@ -149,12 +149,13 @@ def run_split(
     calibration: dict[str, Any] = {}
     kept = calibration_store(selection_store) if selection_store is not None else None
 
-    def calibrate(chosen_settings: UCIConfig, data: UCIData = data) -> None:  # before a training, which seeds itself
-        calibration.update(calibrate_noise(source, spec, split, chosen_settings, data, label, kept))
+    def calibrate(chosen_settings: UCIConfig, data: UCIData = data, fitted: HeldOutFit | None = None) -> None:
+        # before a training, which seeds itself
+        calibration.update(calibrate_noise(source, spec, split, chosen_settings, data, label, kept, fitted))
 
     by_residuals = data.task == "regression" and settings.likelihood_of(spec.name) == BY_RESIDUALS
     if config.calibrates(spec.name) and not by_residuals:  # the chosen candidate's fit is the one it would train
-        calibration.update(calibrate_noise(source, spec, split, settings, data, label, kept, fits.get(label)))
+        calibrate(settings, fitted=fits.get(label))
     if by_residuals:  # calibrated where the split chooses the head
         store = check_store(selection_store) if selection_store is not None else None
         before_head = calibrate if config.calibrates(spec.name) else None

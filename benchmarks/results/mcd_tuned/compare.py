@@ -86,6 +86,15 @@ def main() -> None:
     print(markdown(header, rows))
 
 
+def split_parts(shared: list[int]) -> list[list[int]]:
+    """The sorted splits ``shared`` over 0-4, 5-9 and 10 on (as they were run), then all, where there are splits past
+    0-4; else ``shared`` alone."""
+    if max(shared, default=0) < 5:
+        return [shared]
+    cuts = ((0, 5), (5, 10), (10, shared[-1] + 1))
+    return [*filter(None, ([s for s in shared if low <= s < high] for low, high in cuts)), shared]
+
+
 def more_splits() -> None:
     """Where WHVI's default and the chosen rate both have splits past 0-4: each over splits 0-4, 5-9, 10 on (as
     they were run) and all, with the paired difference per split (mean ± standard error), a markdown table."""
@@ -97,8 +106,7 @@ def more_splits() -> None:
         shared = sorted(set(whvi) & set(choice))
         if max(shared, default=0) < 5:
             continue
-        parts = [[s for s in shared if low <= s < high] for low, high in ((0, 5), (5, 10), (10, shared[-1] + 1))]
-        for part in [*filter(None, parts), shared]:
+        for part in split_parts(shared):
             mine, theirs = ([table[s]["mnll"] for s in part] for table in (whvi, choice))
             paired = [a - b for a, b in zip(mine, theirs)]
             below = sum(d < 0 for d in paired)

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # compare.py, beside this file
-from compare import HERE, SETS, against_published, by_split, chosen, markdown, mean_se, whvi_default
+from compare import HERE, SETS, against_published, by_split, chosen, markdown, mean_se, split_parts, whvi_default
 
 CALIBRATED = HERE / "calibrated"
 SYNTHETIC = ("hartmann6", "robot")  # the 2,000-row sets of ``rows2000``
@@ -46,14 +46,6 @@ def rows(name: str, where: Path | None = None, default: dict[int, dict] | None =
     return found
 
 
-def parts(shared: list[int]) -> list[list[int]]:
-    """Splits 0-4, 5-9 and 10 on where there are more than five, then all."""
-    if len(shared) <= 5:
-        return [shared]
-    cuts = ((0, 5), (5, 10), (10, shared[-1] + 1))
-    return [*filter(None, ([s for s in shared if low <= s < high] for low, high in cuts)), shared]
-
-
 def main() -> None:
     header = [
         "set",
@@ -70,7 +62,7 @@ def main() -> None:
     for name in SETS:
         calibrated, whvi = rows(name), whvi_default(name)
         shared = sorted(set(calibrated) & set(whvi))
-        for part in parts(shared) if shared else []:
+        for part in split_parts(shared) if shared else []:
             learned = [calibrated[s]["learned_noise_mnll"] for s in part]
             mine = [calibrated[s]["mnll"] for s in part]
             theirs = [whvi[s]["mnll"] for s in part]
@@ -97,8 +89,8 @@ def synthetic() -> None:
             continue
         shared = sorted(found)
         gaps = [found[s]["mnll_gap"] for s in shared]
+        learned = [learned_rows[s]["mnll_gap"] for s in shared]  # the same fit's, as rows() checks
         gain = [found[s]["mnll"] - found[s]["learned_noise_mnll"] for s in shared]
-        learned = [g - d for g, d in zip(gaps, gain)]
         factors = ", ".join(f"{found[s]['noise_factor']:.2f}" for s in shared)
         cells = [name, ",".join(map(str, shared)), mean_se(learned), mean_se(gaps), mean_se(gain)]
         table.append([*cells, f"{sum(d < 0 for d in gain)} of {len(shared)}", factors])
