@@ -1,5 +1,5 @@
 """What every benchmark script does with its results: save JSON/CSV/markdown, describe the machine,
-style log-log plots, read ``whvi uci``'s per-split rows back and give their mean."""
+style log-log plots, read ``whvi uci``'s per-split rows back and give their mean, and print tables of them."""
 
 from __future__ import annotations
 
@@ -14,7 +14,16 @@ import torch
 from pyro_whvi.experiments.reporting import save_tables
 from pyro_whvi.metrics import mean_and_standard_error
 
-__all__ = ["by_split", "environment", "mean_se", "report_saved", "save_figure", "save_tables", "style_log_axes"]
+__all__ = [
+    "by_split",
+    "environment",
+    "markdown",
+    "mean_se",
+    "report_saved",
+    "save_figure",
+    "save_tables",
+    "style_log_axes",
+]
 
 
 def environment(**extra: Any) -> dict[str, Any]:
@@ -70,3 +79,9 @@ def mean_se(values: list[float]) -> str:
         return f"{values[0]:.3f}"
     mean, standard_error = mean_and_standard_error(values)
     return f"{mean:.3f} ± {standard_error:.3f}"
+
+
+def markdown(header: list[str], rows: list[list[str]]) -> str:
+    """A markdown table of ``rows`` under ``header``."""
+    lines = ["| " + " | ".join(map(str, line)) + " |" for line in (header, *rows)]
+    return "\n".join([lines[0], "|---" * len(header) + "|", *lines[1:]])

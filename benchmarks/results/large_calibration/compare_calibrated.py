@@ -11,7 +11,11 @@ Run from the repository root: ``python benchmarks/results/large_calibration/comp
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # benchmarks/, for the tables' printer
+from _results import markdown
 
 RESULTS = Path("benchmarks/results")
 HERE = RESULTS / "large_calibration"
@@ -56,7 +60,7 @@ def learned_noise_gap(row: dict, rerun: dict) -> float:
 
 
 def main() -> None:
-    print("| " + " | ".join(HEADER) + " |\n" + "|---" * len(HEADER) + "|")
+    rows = []
     for label, (here, default_folder, name) in SETS.items():
         calibrated_config, calibrated = table(HERE / here, name)
         _, rerun = table(HERE / f"learned_noise_{here}", name)
@@ -73,7 +77,8 @@ def main() -> None:
             seconds = f"{new['calibration_seconds']:.0f} / {new['train_seconds']:.0f}"
             stored = f"{default[split]['mnll_gap']:.3f}" if split in default else "–"
             cells = [label, split, new["likelihood"], *gaps, f"{new['noise_factor']:.3f}", held_out, seconds, stored]
-            print("| " + " | ".join(map(str, cells)) + " |")
+            rows.append(cells)
+    print(markdown(HEADER, rows))
 
 
 if __name__ == "__main__":

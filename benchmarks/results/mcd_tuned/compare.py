@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # benchmarks/, for the published numbers
-from _results import by_split, mean_se
+from _results import by_split, markdown, mean_se
 from uci_summary import published
 
 RESULTS = Path("benchmarks/results")
@@ -52,12 +52,6 @@ def whvi_default(name: str) -> dict[int, dict]:
 def chosen(name: str) -> dict[int, dict]:
     """``{split: row}`` of MC dropout with its rate chosen on held-out rows (the default) on ``name``."""
     return by_split(HERE / f"choice_{name}", name)
-
-
-def markdown(header: list[str], rows: list[list[str]]) -> str:
-    """A markdown table of ``rows`` under ``header``."""
-    lines = ["| " + " | ".join(line) + " |" for line in (header, *rows)]
-    return "\n".join([lines[0], "|---" * len(header) + "|", *lines[1:]])
 
 
 def main() -> None:

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # benchmarks/, for the summaries' reader
-from _results import by_split, mean_se
+from _results import by_split, markdown, mean_se
 
 RESULTS = Path("benchmarks/results")
 # set: (folder here, the probe's name for it)
@@ -28,8 +28,7 @@ HEADER = ["set", "split", "learned noise MNLL", "**calibrated**", "change", "pro
 
 
 probe = json.loads((RESULTS / "noise_recalibration" / "mixture.json").read_text())
-print("| " + " | ".join(HEADER) + " |\n" + "|---" * len(HEADER) + "|")
-means = []
+table, means = [], []
 for name, (folder, key) in SETS.items():
     default = by_split(RESULTS / "uci_table3" / "whvi", name)
     pairs = []
@@ -41,10 +40,11 @@ for name, (folder, key) in SETS.items():
         cells = [name, split, f"{before['mnll']:.3f}", f"**{row['mnll']:.3f}**", f"{row['mnll'] - before['mnll']:+.3f}"]
         cells += [predicted, f"{row['noise_factor']:.3f}", f"{row['rmse']:.3f} / {before['rmse']:.3f}"]
         cells += [f"{row['train_seconds']:.0f} ({row['calibration_seconds']:.0f})"]
-        print("| " + " | ".join(map(str, cells)) + " |")
+        table.append(cells)
     if pairs:
         before_mean, after_mean = (statistics.mean(pair[k] for pair in pairs) for k in (0, 1))
         means.append(f"{name} ({len(pairs)} splits): {before_mean:.3f} -> {after_mean:.3f}")
+print(markdown(HEADER, table))
 print("\nMeans, learned noise -> calibrated: " + "; ".join(means))
 
 
@@ -54,8 +54,7 @@ def energy_variants() -> None:
     mcd, tuned = (by_split(RESULTS / folder, "energy") for folder in ("uci_table3/mcd", "mcd_tuned/choice_energy"))
     header = ["split", "variant", "learned noise", "**calibrated**", "factor c", "the default", "MC dropout",
               "s (held-out fit)"]  # fmt: skip
-    print("\n| " + " | ".join(header) + " |\n" + "|---" * len(header) + "|")
-    means = []
+    table, means = [], []
     for label, folders in VARIANTS.items():
         rows = by_split(tuple(RESULTS / "uci_calibrated" / "energy_variants" / each for each in folders), "energy")
         for split, row in sorted(rows.items()):
@@ -63,7 +62,7 @@ def energy_variants() -> None:
             cells = [split, label, learned, f"**{row['mnll']:.3f}**", f"{row['noise_factor']:.3f}"]
             cells += [f"{default[split]['mnll']:.3f}", f"{mcd[split]['mnll']:.3f}"]
             cells += [f"{row['train_seconds']:.0f} ({row['calibration_seconds']:.0f})"]
-            print("| " + " | ".join(map(str, cells)) + " |")
+            table.append(cells)
         mnll = {split: row["mnll"] for split, row in rows.items()}
         against = {"the default": default, "the tuned MC dropout (`mcd_tuned/choice_energy`)": tuned}
         paired = [
@@ -73,6 +72,7 @@ def energy_variants() -> None:
         ]
         rmse = mean_se([row["rmse"] for row in rows.values()])
         means.append(f"{label} ({len(mnll)} splits): {mean_se(list(mnll.values()))}, RMSE {rmse}; " + ", ".join(paired))
+    print("\n" + markdown(header, table))
     print("\n" + "\n".join(means))
 
 
