@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import platform
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -81,7 +82,7 @@ def mean_se(values: list[float]) -> str:
     return f"{mean:.3f} ± {standard_error:.3f}"
 
 
-def markdown(header: list[str], rows: list[list[str]]) -> str:
-    """A markdown table of ``rows`` under ``header``."""
+def markdown(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    """A markdown table of ``rows`` (each cell as ``str`` gives it) under ``header``."""
     lines = ["| " + " | ".join(map(str, line)) + " |" for line in (header, *rows)]
     return "\n".join([lines[0], "|---" * len(header) + "|", *lines[1:]])
