@@ -23,6 +23,7 @@ __all__ = [
     "report_saved",
     "save_figure",
     "save_tables",
+    "split_folders",
     "style_log_axes",
 ]
 
@@ -72,6 +73,11 @@ def by_split(folders: Path | tuple[Path, ...], name: str) -> dict[int, dict]:
         rows = json.loads(table.read_text())["meta"]["splits"] if table.exists() else []
         found |= {row["split"]: row for row in rows if row["split"] not in found}
     return found
+
+
+def split_folders(folder: Path) -> tuple[Path, ...]:
+    """The folders ``split<N>`` in ``folder`` (one ``whvi uci`` run per split), by ``N``: for :func:`by_split`."""
+    return tuple(sorted(folder.glob("split*"), key=lambda each: int(each.name[len("split") :])))
 
 
 def mean_se(values: list[float]) -> str:

@@ -18,7 +18,9 @@ import math
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # benchmarks/, for the summaries' readers
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # compare.py, beside this file
+from _results import split_folders
 from compare import HERE, SETS, against_published, by_split, chosen, markdown, mean_se, split_parts, whvi_default
 
 CALIBRATED = HERE / "calibrated"
@@ -32,8 +34,7 @@ def rows(name: str, where: Path | None = None, default: dict[int, dict] | None =
     same fit)."""
     default = chosen(name) if default is None else default
     found: dict[int, dict] = {}
-    folders = (CALIBRATED / name if where is None else where).glob("split*")
-    for folder in sorted(folders, key=lambda folder: int(folder.name[len("split") :])):
+    for folder in split_folders(CALIBRATED / name if where is None else where):
         ran = json.loads((folder / f"uci_{name}.json").read_text())["meta"]["config"]["dropout"]
         for split, row in by_split(folder, name).items():
             learned, rate = default[split]["mnll"], default[split]["dropout"]
