@@ -2,7 +2,9 @@
 ``--calibrate-noise off``, the default until 2026-12-05) and the probe's prediction of it
 (``noise_recalibration/mixture.json``): a markdown table and the means. Then energy's variants with the calibration
 (``energy_variants``, a variant's splits joined from its folders): each split against the default and MC dropout, and
-each variant's mean with its paired difference from the default and from the tuned MC dropout.
+each variant's mean with its paired difference from the default and from the tuned MC dropout. Then concrete at
+Adam 3e-3 with the calibration (``concrete_narrow``, one folder per split) against the default and MC dropout's
+default, its rate chosen and its noise calibrated (``mcd_tuned/calibrated/concrete``).
 
 Run from the repository root: ``python benchmarks/results/uci_calibrated/compare_with_default.py``.
 """
@@ -15,13 +17,15 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # benchmarks/, for the summaries' reader
-from _results import by_split, markdown, mean_se
+from _results import by_split, markdown, mean_se, split_folders
 
 RESULTS = Path("benchmarks/results")
 # set: (folder here, the probe's name for it)
 SETS = {"yacht": ("whvi", "yacht"), "energy": ("whvi_energy", "energy"), "bostonHousing": ("whvi_boston", "boston")}
 SETS["concrete"] = ("whvi_concrete", "concrete")
 # variant: its folders under energy_variants, a split from the first that has it
+# the folders of the default's concrete splits: 0-4, 5-9, 10-19
+CONCRETE_PARTS = ("", "_splits5-9", "_splits10-19")
 VARIANTS = {"NF-WHVI": ("nf-whvi", "nf-whvi_splits1-4"), "NF-WHVI, Adam 3e-3": ("nf-whvi_narrow",)}
 HEADER = ["set", "split", "learned noise MNLL", "**calibrated**", "change", "probe's", "factor c", "RMSE (calibrated / "
           "learned noise)", "s (held-out fit)"]  # fmt: skip
@@ -76,4 +80,32 @@ def energy_variants() -> None:
     print("\n" + "\n".join(means))
 
 
+def concrete_narrow() -> None:
+    """Concrete's ``--protocol narrow --calibrate-noise on`` per split and its mean, paired with the default and MC
+    dropout's default on the same splits, markdown."""
+    narrow = by_split(split_folders(RESULTS / "uci_calibrated" / "concrete_narrow"), "concrete")
+    default = by_split(
+        tuple(RESULTS / "uci_calibrated" / f"whvi_concrete{each}" for each in CONCRETE_PARTS), "concrete"
+    )
+    mcd = by_split(split_folders(RESULTS / "mcd_tuned" / "calibrated" / "concrete"), "concrete")
+    header = ["split", "learned noise", "**calibrated**", "factor c", "RMSE", "the default", "its RMSE",
+              "MC dropout, the default", "its RMSE", "s (held-out fit)"]  # fmt: skip
+    table = []
+    for split, row in sorted(narrow.items()):
+        cells = [split, f"{row['learned_noise_mnll']:.3f}", f"**{row['mnll']:.3f}**", f"{row['noise_factor']:.3f}"]
+        cells += [
+            f"{row['rmse']:.3f}",
+            *(f"{other[split][k]:.3f}" for other in (default, mcd) for k in ("mnll", "rmse")),
+        ]
+        table.append([*cells, f"{row['train_seconds']:.0f} ({row['calibration_seconds']:.0f})"])
+    print("\n" + markdown(header, table))
+    mnll = {split: row["mnll"] for split, row in narrow.items()}
+    for name, other in {"the default": default, "MC dropout's default": mcd}.items():
+        paired = [mnll[s] - other[s]["mnll"] for s in mnll]
+        lower = sum(d < 0 for d in paired)
+        print(f"{len(mnll)} splits: {mean_se(list(mnll.values()))} against {name}'s "
+              f"{mean_se([other[s]['mnll'] for s in mnll])}: {mean_se(paired)} paired, lower on {lower}")  # fmt: skip
+
+
 energy_variants()
+concrete_narrow()
