@@ -23,9 +23,9 @@ RESULTS = Path("benchmarks/results")
 # set: (folder here, the probe's name for it)
 SETS = {"yacht": ("whvi", "yacht"), "energy": ("whvi_energy", "energy"), "bostonHousing": ("whvi_boston", "boston")}
 SETS["concrete"] = ("whvi_concrete", "concrete")
-# variant: its folders under energy_variants, a split from the first that has it
 # the folders of the default's concrete splits: 0-4, 5-9, 10-19
 CONCRETE_PARTS = ("", "_splits5-9", "_splits10-19")
+# variant: its folders under energy_variants, a split from the first that has it
 VARIANTS = {"NF-WHVI": ("nf-whvi", "nf-whvi_splits1-4"), "NF-WHVI, Adam 3e-3": ("nf-whvi_narrow",)}
 HEADER = ["set", "split", "learned noise MNLL", "**calibrated**", "change", "probe's", "factor c", "RMSE (calibrated / "
           "learned noise)", "s (held-out fit)"]  # fmt: skip
@@ -103,8 +103,8 @@ def concrete_narrow() -> None:
     for name, other in {"the default": default, "MC dropout's default": mcd}.items():
         paired = [mnll[s] - other[s]["mnll"] for s in mnll]
         lower = sum(d < 0 for d in paired)
-        print(f"{len(mnll)} splits: {mean_se(list(mnll.values()))} against {name}'s "
-              f"{mean_se([other[s]['mnll'] for s in mnll])}: {mean_se(paired)} paired, lower on {lower}")  # fmt: skip
+        print(f"{len(mnll)} splits: {mean_se(list(mnll.values()))} against {name} "
+              f"({mean_se([other[s]['mnll'] for s in mnll])}): {mean_se(paired)} paired, lower on {lower}")  # fmt: skip
 
 
 energy_variants()
