@@ -17,14 +17,15 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # benchmarks/, for the summaries' reader
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "mcd_tuned"))  # the default's and MC dropout's rows
 from _results import by_split, markdown, mean_se, split_folders
+from compare import whvi_default
+from compare_mcd_calibrated import rows as mcd_calibrated
 
 RESULTS = Path("benchmarks/results")
 # set: (folder here, the probe's name for it)
 SETS = {"yacht": ("whvi", "yacht"), "energy": ("whvi_energy", "energy"), "bostonHousing": ("whvi_boston", "boston")}
 SETS["concrete"] = ("whvi_concrete", "concrete")
-# the folders of the default's concrete splits: 0-4, 5-9, 10-19
-CONCRETE_PARTS = ("", "_splits5-9", "_splits10-19")
 # variant: its folders under energy_variants, a split from the first that has it
 VARIANTS = {"NF-WHVI": ("nf-whvi", "nf-whvi_splits1-4"), "NF-WHVI, Adam 3e-3": ("nf-whvi_narrow",)}
 HEADER = ["set", "split", "learned noise MNLL", "**calibrated**", "change", "probe's", "factor c", "RMSE (calibrated / "
@@ -84,10 +85,7 @@ def concrete_narrow() -> None:
     """Concrete's ``--protocol narrow --calibrate-noise on`` per split and its mean, paired with the default and MC
     dropout's default on the same splits, markdown."""
     narrow = by_split(split_folders(RESULTS / "uci_calibrated" / "concrete_narrow"), "concrete")
-    default = by_split(
-        tuple(RESULTS / "uci_calibrated" / f"whvi_concrete{each}" for each in CONCRETE_PARTS), "concrete"
-    )
-    mcd = by_split(split_folders(RESULTS / "mcd_tuned" / "calibrated" / "concrete"), "concrete")
+    default, mcd = whvi_default("concrete"), mcd_calibrated("concrete")  # the latter checked against its rate choice
     header = ["split", "learned noise", "**calibrated**", "factor c", "RMSE", "the default", "its RMSE",
               "MC dropout, the default", "its RMSE", "s (held-out fit)"]  # fmt: skip
     table = []
