@@ -11,6 +11,13 @@ the Jensen gap :math:`\tfrac12(\log \overline{v} - \overline{\log v})`, the test
 Where it reaches :data:`NOISE_GAIN_THRESHOLD` the split is trained again with the mean-variance head, else the
 one-noise-scale fit is kept: one training where the noise is one level, two where it varies.
 
+The same pass measures :func:`spread_share`, q's variance of f on the training rows as a share of the learned noise
+variance. The ELBO's noise holds that spread as well as the residuals, and the predictive adds it again, so where
+the share is large (near-noiseless data, or a few thousand rows) the one noise scale kept is too wide; where the
+method's noise is calibrated (``whvi uci --calibrate-noise``) a split that keeps one noise scale with a share of
+:data:`~.auto_calibration.SPREAD_SHARE_THRESHOLD` or more has it calibrated on held-out rows
+(:mod:`~pyro_whvi.experiments.noise_calibration`), and one below it costs no held-out fit.
+
 References:
     T. S. Breusch, A. R. Pagan. *A simple test for heteroscedasticity and random coefficient variation*.
     Econometrica 47(5), 1979 (the auxiliary regression of squared residuals on the inputs).
@@ -34,6 +41,7 @@ import torch.distributed as dist
 
 from ..train import distributed
 from ..train.engine import Checkpoint
+from . import auto_calibration
 from .reporting import write_atomic
 from .uci_data import data_key
 from .uci_train import TrainedSplit, predict_split, read_saved, train_split
@@ -48,9 +56,10 @@ __all__ = [
     "check_store",
     "noise_features",
     "noise_variation_gain",
-    "read_gain",
-    "residual_gain",
-    "store_gain",
+    "read_check",
+    "residual_check",
+    "spread_share",
+    "store_check",
     "train_choosing_likelihood",
 ]
 
@@ -59,6 +68,8 @@ __all__ = [
 #: 0.013 over five splits of each of four functions of the synthetic bench at 18,000 training rows,
 #: ``benchmarks/results/heteroscedastic/``), ten times below the 0.2 it gains where the noise grows along an input.
 NOISE_GAIN_THRESHOLD = 0.02
+#: The fields of a split's check (:func:`residual_check`), kept in its store and its row.
+CHECK_FIELDS = ("noise_gain", "spread_share")
 
 
 def noise_features(x: torch.Tensor) -> torch.Tensor:
@@ -125,34 +136,49 @@ def check_store(selection_store: Path) -> Path:
     return selection_store.with_suffix(".likelihood.json")
 
 
-def read_gain(path: Path | None, fingerprint: str) -> tuple[float, float] | None:
-    """The gain and the first training's seconds that :func:`store_gain` kept in ``path`` for a run with
-    ``fingerprint``, or ``None`` (no file or another fingerprint; an unreadable one is named in a notice)."""
+def read_check(path: Path | None, fingerprint: str) -> tuple[dict[str, float], float] | None:
+    """The check (:func:`residual_check`) and the first training's seconds that :func:`store_check` kept in ``path``
+    for a run with ``fingerprint``, or ``None`` (no file, another fingerprint, or a check of older code without the
+    spread's share; an unreadable one is named in a notice)."""
     saved = read_saved(path, "check") if path is not None else {}
-    if saved.get("fingerprint") != fingerprint:
+    if saved.get("fingerprint") != fingerprint or set(saved["check"]) != {*CHECK_FIELDS, "seconds"}:
         return None
-    return float(saved["check"]["noise_gain"]), float(saved["check"]["seconds"])
+    return {key: float(saved["check"][key]) for key in CHECK_FIELDS}, float(saved["check"]["seconds"])
 
 
-def store_gain(path: Path | None, fingerprint: str, gain: float, seconds: float) -> None:
-    """Keep the gain and the one-noise-scale training's seconds in ``path`` (atomically), so that a rerun that
+def store_check(path: Path | None, fingerprint: str, check: dict[str, float], seconds: float) -> None:
+    """Keep the check and the one-noise-scale training's seconds in ``path`` (atomically), so that a rerun that
     trains the head does not train the one noise scale again."""
     if path is not None:
-        check = {"noise_gain": gain, "seconds": seconds}
-        write_atomic(path, json.dumps({"fingerprint": fingerprint, "check": check}))
+        write_atomic(path, json.dumps({"fingerprint": fingerprint, "check": {**check, "seconds": seconds}}))
 
 
-def residual_gain(trained: TrainedSplit, config: UCIConfig) -> float:
-    """:func:`noise_variation_gain` of a one-noise-scale fit's residuals on its training rows (the predictive mean
-    from ``config.samples`` draws), in the targets' training units (the gain does not depend on their scale). The
-    random state is left as it was found, so that the test rows' draws are those of ``--likelihood gaussian``."""
+def spread_share(f: torch.Tensor, noise: torch.Tensor | float) -> float:
+    r"""The share of one noise variance :math:`\sigma^2` that is q's spread of f on the rows: samples ``f``
+    ``(S, N)``, :math:`\frac1N \sum_n \mathrm{Var}_q[f(x_n)] / \sigma^2`.
+
+    At the ELBO's optimum :math:`\sigma^2 = \frac1N \sum_n \mathbb{E}_q[(y_n - f(x_n))^2]`, the residuals' mean
+    square plus this spread, so the share is also :math:`1 - \overline{r^2} / \sigma^2` and the predictive
+    :math:`\sigma^2 + \mathrm{Var}_q[f]`, which counts the spread twice, is about :math:`(1 + s) / (1 - s)` times
+    the residuals' mean square for a share :math:`s` (:mod:`~pyro_whvi.experiments.noise_calibration`)."""
+    variance = torch.as_tensor(noise, dtype=torch.float64) ** 2
+    return float(f.double().var(dim=0).mean() / variance)
+
+
+def residual_check(trained: TrainedSplit, config: UCIConfig) -> dict[str, float]:
+    """A one-noise-scale fit's ``noise_gain`` (:func:`noise_variation_gain` of its residuals on its training rows,
+    the predictive mean from ``config.samples`` draws, in the targets' training units: the gain does not depend on
+    their scale) and ``spread_share`` (:func:`spread_share` on the same rows and draws). The random state is left as
+    it was found, so that the test rows' draws are those of ``--likelihood gaussian``."""
     data = trained.data
     state = pyro.util.get_rng_state()  # the kept fit then predicts the test rows as --likelihood gaussian's does
     try:
-        f, _ = predict_split(trained, data.x_train, config)
+        f, noise = predict_split(trained, data.x_train, config)
     finally:
         pyro.util.set_rng_state(state)
-    return noise_variation_gain(data.x_train, data.y_train - f.mean(0))
+    assert noise is not None  # one noise scale
+    gain = noise_variation_gain(data.x_train, data.y_train - f.mean(0))
+    return {"noise_gain": gain, "spread_share": spread_share(f, noise)}
 
 
 def train_choosing_likelihood(
@@ -164,42 +190,56 @@ def train_choosing_likelihood(
     data: UCIData,
     candidate: str = "",
     store: Path | None = None,
-    before_head: Callable[[UCIConfig], object] | None = None,
+    calibrate: Callable[[UCIConfig], object] | None = None,
 ) -> tuple[TrainedSplit, dict[str, Any]]:
-    """Train ``spec`` on split ``split`` with one noise scale, measure :func:`residual_gain`, and where it reaches
-    :data:`NOISE_GAIN_THRESHOLD` train it again with the mean-variance head (see the module).
+    """Train ``spec`` on split ``split`` with one noise scale, check its residuals (:func:`residual_check`), and
+    where the gain reaches :data:`NOISE_GAIN_THRESHOLD` train it again with the mean-variance head (see the module).
 
-    :param store: a JSON file that keeps the gain and the first training's seconds (:func:`store_gain`), so that a
+    :param store: a JSON file that keeps the check and the first training's seconds (:func:`store_check`), so that a
         rerun of a split that chose the head resumes the head's training instead of repeating the first.
-    :param before_head: called with the head's settings where the split chooses the head, before its training
-        (which seeds itself): ``whvi uci --calibrate-noise`` calibrates the head's noise there.
-    :returns: the training kept, and the row's ``likelihood`` (the one chosen) and ``noise_gain``; its seconds
-        include the check's, and the first training's where the head was trained.
+    :param calibrate: ``whvi uci --calibrate-noise``'s calibration of the noise kept, called with that likelihood's
+        settings: where the split chooses the head, before the head's training (which seeds itself); where it keeps
+        one noise scale, after that training if its :func:`spread_share` reaches
+        :data:`~.auto_calibration.SPREAD_SHARE_THRESHOLD` (the random state and the param store restored after it,
+        so that the test rows' draws are those of the fit alone).
+    :returns: the training kept, and the row's ``likelihood`` (the one chosen), ``noise_gain`` and ``spread_share``;
+        its seconds include the check's, and the first training's where the head was trained.
     """
     fingerprint = settings.fingerprint(spec.name, data_key(source, split))
-    shared: list[tuple[float, float] | None] = [read_gain(store, fingerprint) if distributed.rank() == 0 else None]
+    shared: list[tuple[dict[str, float], float] | None] = [
+        read_check(store, fingerprint) if distributed.rank() == 0 else None
+    ]
     if distributed.world_size() > 1:
         dist.broadcast_object_list(shared, src=0)  # every rank trains the same, or none
     checked = shared[0]
-    if checked is None or checked[0] < NOISE_GAIN_THRESHOLD:
+    if checked is None or checked[0]["noise_gain"] < NOISE_GAIN_THRESHOLD:
         # A split that kept one noise scale and lost its row trains it again: the same seeded fit.
         trained = train_split(source, spec, split, settings, checkpoint, data=data, candidate=candidate)
         if checked is None:
             start = time.perf_counter()
-            gain: list[float] = [residual_gain(trained, settings) if distributed.rank() == 0 else 0.0]
+            check: list[dict[str, float]] = [residual_check(trained, settings) if distributed.rank() == 0 else {}]
             if distributed.world_size() > 1:
-                dist.broadcast_object_list(gain, src=0)
-            checked = (gain[0], trained.seconds + time.perf_counter() - start)
+                dist.broadcast_object_list(check, src=0)
+            checked = (check[0], trained.seconds + time.perf_counter() - start)
             trained.seconds = checked[1]  # the check is part of the split's cost
             if distributed.rank() == 0:
-                store_gain(store, fingerprint, *checked)
-        if checked[0] < NOISE_GAIN_THRESHOLD:
-            return trained, {"likelihood": "gaussian", "noise_gain": checked[0]}
+                store_check(store, fingerprint, *checked)
+        if checked[0]["noise_gain"] < NOISE_GAIN_THRESHOLD:
+            if calibrate is not None and checked[0]["spread_share"] >= auto_calibration.SPREAD_SHARE_THRESHOLD:
+                # The held-out fit's training clears the param store, which PyroModules read their parameters from.
+                state, params = pyro.util.get_rng_state(), pyro.get_param_store().get_state()
+                try:
+                    calibrate(replace(settings.for_method(spec.name), likelihood="gaussian"))
+                finally:
+                    pyro.util.set_rng_state(state)
+                    pyro.clear_param_store()
+                    pyro.get_param_store().set_state(params)
+            return trained, {"likelihood": "gaussian", **checked[0]}
     head = replace(settings.for_method(spec.name), likelihood="heteroscedastic")
-    if before_head is not None:
-        before_head(head)
+    if calibrate is not None:
+        calibrate(head)
     if checkpoint is not None:  # the one noise scale's state is not resumed as the head's
         checkpoint = replace(checkpoint, key=f"{checkpoint.key}:heteroscedastic")
     trained = train_split(source, spec, split, head, checkpoint, data=data, candidate=candidate)
     trained.seconds += checked[1]
-    return trained, {"likelihood": "heteroscedastic", "noise_gain": checked[0]}
+    return trained, {"likelihood": "heteroscedastic", **checked[0]}

@@ -24,12 +24,15 @@ split's training, and nothing more where the run chooses settings on the same he
 ``--kl-weight a,b``): the chosen candidate's fit is that fit (:class:`HeldOutFit`).
 
 Under the likelihood ``"by-residuals"`` (WHVI's default from 3,000 training rows,
-:mod:`~pyro_whvi.experiments.likelihood_choice`) the noise is calibrated only where the split chooses the
-mean-variance head: the held-out fit is the head's, trained after the one-noise-scale fit and before the head's own
-training (``train_choosing_likelihood``'s ``before_head``). A head trained by the ELBO learns each row's
-:math:`\mathbb{E}_q[(y_n - f(x_n))^2]` and so counts q's spread of f twice in the same way, most where the noise is
-low and the wider networks spread most; one noise scale at those sizes is within 10% of the true noise and its
-factor near 1 (``benchmarks/results/large_calibration/``).
+:mod:`~pyro_whvi.experiments.likelihood_choice`) the noise is calibrated where the split chooses the mean-variance
+head, on a held-out fit of the head trained after the one-noise-scale fit and before the head's own training
+(``train_choosing_likelihood``'s ``calibrate``), and where it keeps one noise scale whose spread share
+(:func:`~.likelihood_choice.spread_share`: q's variance of f on the training rows over the noise variance) reaches
+:data:`~.auto_calibration.SPREAD_SHARE_THRESHOLD`, on a held-out fit of one scale trained after the split's own. A
+head trained by the ELBO learns each row's :math:`\mathbb{E}_q[(y_n - f(x_n))^2]` and so counts q's spread of f
+twice in the same way, most where the noise is low and the wider networks spread most. One noise scale at those
+sizes had its factor near 1 where the share was under a fifth (the bench at 18,000 training rows) and well below 1
+where it was a third or more (near-noiseless sets, a few thousand rows: ``benchmarks/results/large_calibration/``).
 
 The weight :math:`\epsilon` on the learned noise is there because a held-out part of a few hundred rows cannot show
 a rare region that the test rows reach: on hartmann6 at 700 rows (a deep well, ``whvi synthetic``) the noise scaled

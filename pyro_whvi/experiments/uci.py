@@ -111,12 +111,14 @@ def run_split(
     validation score and the seconds the candidates took (counted in ``train_seconds``). A method with the
     likelihood ``"by-residuals"`` (regression) is trained by
     :func:`~pyro_whvi.experiments.likelihood_choice.train_choosing_likelihood` (its check kept in
-    :func:`~pyro_whvi.experiments.likelihood_choice.check_store`); the row names the ``likelihood`` chosen and the
-    ``noise_gain`` it was chosen by. Where ``config.calibrates`` the method, its noise is calibrated on held-out rows
-    first (:func:`~pyro_whvi.experiments.noise_calibration.calibrate_noise`, kept beside ``selection_store``; under
-    ``"by-residuals"`` only where the split chooses the head, before the head's training) and the
-    predictive is the scale mixture of the noise times the row's ``noise_factor`` and, with weight
-    ``learned_noise_weight``, the learned noise (:func:`~pyro_whvi.experiments.noise_calibration.calibrated_noise`);
+    :func:`~pyro_whvi.experiments.likelihood_choice.check_store`); the row names the ``likelihood`` chosen, the
+    ``noise_gain`` it was chosen by and the one noise scale's ``spread_share``. Where ``config.calibrates`` the
+    method, its noise is calibrated on held-out rows first
+    (:func:`~pyro_whvi.experiments.noise_calibration.calibrate_noise`, kept beside ``selection_store``; under
+    ``"by-residuals"`` where the split chooses the head, before the head's training, or keeps one noise scale whose
+    ``spread_share`` reaches :data:`~.auto_calibration.SPREAD_SHARE_THRESHOLD`, after its training) and the predictive
+    is the scale mixture of the noise times the row's ``noise_factor`` and, with weight ``learned_noise_weight``, the
+    learned noise (:func:`~pyro_whvi.experiments.noise_calibration.calibrated_noise`);
     its ``calibration_seconds`` count in ``train_seconds`` (0 where the settings were chosen: the held-out fit is the
     chosen candidate's, trained once, its seconds in ``selection_seconds``), and ``learned_noise_mnll`` is the test
     MNLL the learned noise alone gives the same draws (what the calibration changed).
@@ -156,11 +158,11 @@ def run_split(
     by_residuals = data.task == "regression" and settings.likelihood_of(spec.name) == BY_RESIDUALS
     if config.calibrates(spec.name) and not by_residuals:  # the chosen candidate's fit is the one it would train
         calibrate(settings, fitted=fits.get(label))
-    if by_residuals:  # calibrated where the split chooses the head
+    if by_residuals:  # calibrated where the split chooses the head, or q's spread of f is a large share of one scale
         store = check_store(selection_store) if selection_store is not None else None
-        before_head = calibrate if config.calibrates(spec.name) else None
+        calibrates = calibrate if config.calibrates(spec.name) else None
         trained, likelihood = train_choosing_likelihood(
-            source, spec, split, settings, checkpoint, data, label, store, before_head
+            source, spec, split, settings, checkpoint, data, label, store, calibrates
         )
         chosen.update(likelihood)
     else:

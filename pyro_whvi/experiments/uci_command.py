@@ -26,7 +26,7 @@ __all__ = ["add_uci_command", "run_uci_command"]
 
 
 def add_uci_command(commands) -> None:
-    from .auto_calibration import CALIBRATION_CHOICES
+    from .auto_calibration import CALIBRATION_CHOICES, SPREAD_SHARE_THRESHOLD
     from .auto_dropout import AUTO_DROPOUT, PAPER_DROPOUT
     from .likelihood_choice import NOISE_GAIN_THRESHOLD
     from .methods import BASE_METHODS, ENSEMBLE, METHODS, Schedule
@@ -147,7 +147,8 @@ def add_uci_command(commands) -> None:
         "that gives those rows the lowest MNLL; the fit on all rows then predicts with its noise times it, keeping a "
         "weight 1/(held-out rows + 2) on its learned noise (1.8x the training, nothing more where candidates are "
         "chosen on those rows: the chosen one's fit is reused; the table names each factor). on (the flag alone): "
-        "every method; under --likelihood by-residuals only where a split chooses the head; auto: whvi and mcd "
+        "every method; under --likelihood by-residuals where a split chooses the head or keeps one noise scale with a "
+        f"spread share of {SPREAD_SHARE_THRESHOLD} or more; auto: whvi and mcd "
         f"under --protocol auto below {AUTO_WIDE_FROM_ROWS:,} training rows, whvi from there under by-residuals, in "
         "one process (the default); off: none",
     )

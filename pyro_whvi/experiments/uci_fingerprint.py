@@ -36,10 +36,11 @@ _LATER_SETTINGS = dict(
 _LATER_SCHEDULE_SETTINGS = {"cooldown": 0.0}
 # What ``calibrate_noise`` does, fingerprinted in its place when set. 1 (stored as ``true``): the noise scaled alone;
 # 2: the predictive keeps a weight of 1 / (n + 2) on the learned noise (noise_calibration.keep_weight); under the
-# likelihood "by-residuals", 3: only where the split chooses the head (2 there: every split, the head's fit chosen on
-# the held-out part's own residuals).
+# likelihood "by-residuals", 4: where the split chooses the head, or keeps one noise scale whose spread share reaches
+# likelihood_choice.SPREAD_SHARE_THRESHOLD (3: only where it chooses the head; 2: every split, the head's fit chosen
+# on the held-out part's own residuals).
 _CALIBRATION_VERSION = 2
-_HEAD_CALIBRATION_VERSION = 3
+_HEAD_CALIBRATION_VERSION = 4
 
 
 def _without_later_defaults(settings: dict[str, Any], later: dict[str, Any]) -> dict[str, Any]:

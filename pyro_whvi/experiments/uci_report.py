@@ -202,9 +202,9 @@ def _per_method(rows: list[dict[str, Any]], methods: tuple[str, ...], key: str, 
 
 def choices_text(rows: list[dict[str, Any]], config: UCIConfig, gain_threshold: float) -> str:
     """The summary's notes on what each split chose: its candidate (``config.choosing``), its likelihood (the rows
-    with a ``noise_gain``; ``gain_threshold`` the gain that trains the head) and its noise's calibration factor (the
-    methods ``config.calibrates``; "–" where a split kept one noise scale under by-residuals), each a paragraph
-    after two newlines; ``""`` if none."""
+    with a ``noise_gain``, and their ``spread_share`` where they have one; ``gain_threshold`` the gain that trains the
+    head) and its noise's calibration factor (the methods ``config.calibrates``; "–" where a split kept one noise
+    scale uncalibrated under by-residuals), each a paragraph after two newlines; ``""`` if none."""
     text = ""
     if config.choosing:
         parts = ["protocol"] * bool(config.protocols) + ["KL weight"] * (len(config.kl_weights) > 1)
@@ -218,12 +218,17 @@ def choices_text(rows: list[dict[str, Any]], config: UCIConfig, gain_threshold: 
         rows,
         config.methods,
         "noise_gain",
-        lambda row: f"{'head' if row['likelihood'] == 'heteroscedastic' else 'one scale'} ({row['noise_gain']:.3f})",
+        lambda row: (
+            f"{'head' if row['likelihood'] == 'heteroscedastic' else 'one scale'} ({row['noise_gain']:.3f}"
+            + (f", {row['spread_share']:.2f}" if "spread_share" in row else "")
+            + ")"
+        ),
     )
     if likelihoods:
         text += (
             "\n\nLikelihood chosen per split on the training residuals (one noise scale, the mean-variance head where "
-            f"a variance model of the inputs gains {gain_threshold} nats a row; the gain): {likelihoods}"
+            f"a variance model of the inputs gains {gain_threshold} nats a row; the gain, and q's spread of f as a "
+            f"share of one noise scale's variance): {likelihoods}"
         )
     calibrating = tuple(method for method in config.methods if config.calibrates(method))
     factors = _per_method(
@@ -233,7 +238,7 @@ def choices_text(rows: list[dict[str, Any]], config: UCIConfig, gain_threshold: 
         text += (
             "\n\nNoise calibrated per split on held-out training rows (--calibrate-noise: the predictive keeps a "
             "weight of 1/(held-out rows + 2) on the learned noise; the factor of the rest"
-            + ("; – where the split kept one noise scale, under by-residuals" if "–" in factors else "")
+            + ("; – where the split kept one noise scale uncalibrated, under by-residuals" if "–" in factors else "")
             + f"): {factors}"
         )
     return text

@@ -1,6 +1,7 @@
 """``--calibrate-noise`` under ``--likelihood by-residuals`` (WHVI's default from 3,000 training rows): the noise is
-calibrated only where the split chooses the mean-variance head, on a held-out fit of the head, and the split's own
-trainings and draws are those of the run without the flag."""
+calibrated where the split chooses the mean-variance head, on a held-out fit of the head, or keeps one noise scale
+whose spread share reaches :data:`SPREAD_SHARE_THRESHOLD`, on a held-out fit of one scale; the split's own trainings
+and draws are those of the run without the flag."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from dataclasses import replace
 
 import pytest
 
+from pyro_whvi.experiments import auto_calibration as calibration_rule
 from pyro_whvi.experiments import uci
 from pyro_whvi.experiments.auto_calibration import auto_calibration
 from pyro_whvi.experiments.methods import parse_method
@@ -26,16 +28,39 @@ def _row(out) -> dict:
 
 
 @pytest.mark.slow  # two short trainings
-def test_one_noise_scale_kept_is_not_calibrated(tmp_path, monkeypatch):
+def test_one_noise_scale_below_the_spread_share_is_not_calibrated(tmp_path, monkeypatch):
     source = _write_line(tmp_path / "line", SETS["one level"])
     plain, _ = uci.run_uci(source, CONFIG, tmp_path / "plain", check=False)
+    share = _row(tmp_path / "plain")["spread_share"]
+    monkeypatch.setattr(calibration_rule, "SPREAD_SHARE_THRESHOLD", share * 1.01)
     monkeypatch.setattr(uci, "calibrate_noise", lambda *a, **k: pytest.fail("calibrated one noise scale"))
     rows, _ = uci.run_uci(source, CALIBRATING, tmp_path / "out", check=False)
     row = _row(tmp_path / "out")
-    assert row["likelihood"] == "gaussian" and "noise_factor" not in row
+    assert row["likelihood"] == "gaussian" and "noise_factor" not in row and row["spread_share"] == share
     assert (rows[0]["rmse"], rows[0]["mnll"]) == (plain[0]["rmse"], plain[0]["mnll"])
     text = (tmp_path / "out" / "uci_line.md").read_text()
-    assert "– where the split kept one noise scale, under by-residuals): whvi: –" in text
+    assert "– where the split kept one noise scale uncalibrated, under by-residuals): whvi: –" in text
+
+
+@pytest.mark.slow  # four short trainings
+def test_one_noise_scale_from_the_spread_share_is_calibrated_on_a_held_out_fit_of_one_scale(tmp_path, monkeypatch):
+    source = _write_line(tmp_path / "line", SETS["one level"])
+    uci.run_uci(source, CONFIG, tmp_path / "plain", check=False)
+    plain_row = _row(tmp_path / "plain")
+    monkeypatch.setattr(calibration_rule, "SPREAD_SHARE_THRESHOLD", plain_row["spread_share"])  # reached: >=
+    uci.run_uci(source, CALIBRATING, tmp_path / "out", check=False)
+    row = _row(tmp_path / "out")
+    assert row["likelihood"] == plain_row["likelihood"] == "gaussian"
+    # The split's training and its test draws are the run's without the flag: the held-out fit trained after it
+    # leaves the random state as it found it.
+    assert row["rmse"] == plain_row["rmse"] and row["final_loss"] == plain_row["final_loss"]
+    assert row["learned_noise_mnll"] == pytest.approx(plain_row["mnll"], rel=1e-12)
+    # The factor is that of one noise scale trained on the fit part, as --likelihood gaussian calibrates it.
+    one_scale = replace(CALIBRATING, likelihood="gaussian")
+    direct = calibrate_noise(source, parse_method("whvi"), 0, one_scale, load_dataset_split(source, 0))
+    assert row["noise_factor"] == direct["noise_factor"] != 1.0 and row["calibration_seconds"] > 0
+    assert row["mnll"] != plain_row["mnll"]
+    assert f"the factor of the rest): whvi: {row['noise_factor']:.3g}" in (tmp_path / "out" / "uci_line.md").read_text()
 
 
 @pytest.mark.slow  # six short trainings
@@ -70,10 +95,13 @@ def test_auto_calibrates_from_3000_rows_where_the_likelihood_is_chosen_on_the_re
         "auto", "robot", train_rows=at, methods=("whvi", "mcd"), likelihood="auto", calibrate_noise="auto"
     )
     assert config.likelihood_of("whvi") == BY_RESIDUALS and config.calibrates("whvi") and not config.calibrates("mcd")
-    where = "noise calibrated on held-out rows for whvi (where a split chooses the mean-variance head)"
+    where = "noise calibrated on held-out rows for whvi (where a split chooses the mean-variance head, or keeps one "
+    where += f"noise scale with a spread share of {calibration_rule.SPREAD_SHARE_THRESHOLD} or more)"
     assert where in config.protocol
     given = UCIConfig.from_protocol("auto", "robot", train_rows=at, likelihood="gaussian", calibrate_noise="auto")
     assert not any(map(given.calibrates, given.methods))
-    # Calibrating every split under by-residuals (before 2026-12-06) is another setting: its stores are not read back.
-    assert UCIConfig(likelihood=BY_RESIDUALS, calibrate_noise=True).fingerprint("whvi", "k") != "f63bc485426ef5be"
+    # Calibrating every split under by-residuals (before 2026-12-06), or only where the head is chosen (until
+    # the spread share), is another setting: its stores are not read back.
+    fingerprint = UCIConfig(likelihood=BY_RESIDUALS, calibrate_noise=True).fingerprint("whvi", "k")
+    assert fingerprint not in ("f63bc485426ef5be", "d6fa06f9620e9bd4")
     assert UCIConfig(calibrate_noise=True).fingerprint("whvi", "k") == "0e9ea7023b62c741"  # one scale: unchanged

@@ -5,6 +5,7 @@ trains exactly what ``--likelihood gaussian`` or ``heteroscedastic`` trains; a r
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import replace
 
@@ -16,6 +17,7 @@ from pyro_whvi.experiments import likelihood_choice, uci
 from pyro_whvi.experiments.likelihood_choice import (
     NOISE_GAIN_THRESHOLD,
     noise_variation_gain,
+    spread_share,
     train_choosing_likelihood,
 )
 from pyro_whvi.experiments.methods import Schedule, parse_method
@@ -120,7 +122,8 @@ def test_each_choice_trains_what_that_likelihood_trains(tmp_path, noise, chosen)
     text = (tmp_path / "out" / "uci_line.md").read_text()
     assert "the likelihood chosen per split on the training residuals for whvi" in text
     shown = "head" if chosen == "heteroscedastic" else "one scale"
-    assert f"whvi: {shown} ({row['noise_gain']:.3f})" in text
+    assert f"whvi: {shown} ({row['noise_gain']:.3f}, {row['spread_share']:.2f})" in text
+    assert 0 < row["spread_share"] < 1  # q's spread of f on the training rows, a share of the noise's variance
 
 
 def test_a_rerun_reads_the_check_back(tmp_path, monkeypatch):
@@ -139,19 +142,34 @@ def test_a_rerun_reads_the_check_back(tmp_path, monkeypatch):
         return original(source, spec, split, settings, *args, **kwargs)
 
     monkeypatch.setattr(likelihood_choice, "train_split", counted)
-    monkeypatch.setattr(likelihood_choice, "residual_gain", lambda *args: pytest.fail("checked again"))
+    monkeypatch.setattr(likelihood_choice, "residual_check", lambda *args: pytest.fail("checked again"))
     again, chosen_again = train_choosing_likelihood(source, spec, 0, CONFIG, None, data, store=store)
     assert trained == ["heteroscedastic"] and chosen_again == chosen
-    stored = likelihood_choice.read_gain(store, CONFIG.fingerprint("whvi", data_key(source, 0)))
-    assert stored is not None and stored[0] == chosen["noise_gain"]
+    fingerprint = CONFIG.fingerprint("whvi", data_key(source, 0))
+    stored = likelihood_choice.read_check(store, fingerprint)
+    assert stored is not None and stored[0] == {key: chosen[key] for key in ("noise_gain", "spread_share")}
     assert again.seconds > stored[1] and first.seconds > stored[1]  # the one scale's training and check counted
     # Another setting is another run: the stored check is not used.
     trained.clear()
     monkeypatch.undo()
     other = replace(CONFIG, seed=1)
-    assert likelihood_choice.read_gain(store, other.fingerprint("whvi", "elsewhere")) is None
+    assert likelihood_choice.read_check(store, other.fingerprint("whvi", "elsewhere")) is None
+    # A check of the code before the spread's share is checked again.
+    saved = likelihood_choice.read_saved(store, "check")
+    del saved["check"]["spread_share"]
+    store.write_text(json.dumps(saved))
+    assert likelihood_choice.read_check(store, fingerprint) is None
     store.write_text("{not json")
-    assert likelihood_choice.read_gain(store, CONFIG.fingerprint("whvi", "x")) is None
+    assert likelihood_choice.read_check(store, CONFIG.fingerprint("whvi", "x")) is None
+
+
+def test_the_spread_share_is_q_s_variance_of_f_over_the_noise_variance():
+    # Samples whose variance per row is known exactly (a row's two values +-a: population variance a^2, and
+    # torch.var's unbiased estimate 2 a^2 over S - 1 = 1), over the noise variance 0.5^2.
+    a = torch.tensor([0.1, 0.2, 0.3])
+    f = torch.stack([1.0 + a, 1.0 - a])
+    assert spread_share(f, torch.tensor(0.5)) == pytest.approx((2 * a**2).mean().item() / 0.25, rel=1e-12)
+    assert spread_share(torch.ones(8, 5), 0.3) == 0.0  # no spread of f: none of the noise is q's
 
 
 def test_the_command_takes_it_and_refuses_it_where_it_cannot_apply(tmp_path):
