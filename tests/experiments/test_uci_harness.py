@@ -442,7 +442,7 @@ def test_auto_protocol_picks_table3_or_a_larger_network_by_the_training_rows(tmp
     )
     calibrated = (  # and the calibration, which by-residuals gives the head and a wide one noise scale
         "; noise calibrated on held-out rows for whvi (where a split chooses the mean-variance head, or keeps one "
-        "noise scale with a spread share of 0.25 or more); not for mfg, as the calibration is not measured with mfg"
+        "noise scale with a spread share of 0.1 or more); not for mfg, as the calibration is not measured with mfg"
     )
     assert (
         f"protocol auto: deep (398 training rows; wide from 300, deep from 350); {notes}{calibrated}, 3x1024" in header
