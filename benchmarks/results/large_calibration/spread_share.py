@@ -35,7 +35,7 @@ def predicted_change(share: float) -> float:
 
 
 def rows() -> list[dict]:
-    """Each run's row (one split), with its set's label and training rows."""
+    """Each run's row (one split), with its set's label, training rows and the change the calibration made."""
     found = []
     for path in sorted(RUNS.glob("*/uci_*.json")):
         meta = json.loads(path.read_text())["meta"]
@@ -43,7 +43,10 @@ def rows() -> list[dict]:
             if "spread_share" not in row or "learned_noise_mnll" not in row:
                 raise SystemExit(f"{path}: a row with its spread share and learned-noise MNLL expected")
             rows_note = meta["config"]["protocol"].split("(")[1].split(" training rows")[0]
-            found.append({**row, "set": path.parent.name.rsplit("_s", 1)[0], "training_rows": rows_note})
+            change = row["mnll"] - row["learned_noise_mnll"]  # the same draws
+            found.append(
+                {**row, "set": path.parent.name.rsplit("_s", 1)[0], "training_rows": rows_note, "change": change}
+            )
     return sorted(found, key=lambda row: row["spread_share"])
 
 
@@ -51,7 +54,7 @@ def main() -> None:
     found = rows()
     table = []
     for row in found:
-        change = row["mnll"] - row["learned_noise_mnll"]  # the same draws
+        change = row["change"]
         learned = row["mnll_gap"] - change
         seconds = f"{row['calibration_seconds']:.0f} / {row['train_seconds']:.0f}"
         share = row["spread_share"]
@@ -63,7 +66,7 @@ def main() -> None:
 
     fig, ax = plt.subplots(figsize=(6, 4))
     shares = [row["spread_share"] for row in found]
-    changes = [row["mnll"] - row["learned_noise_mnll"] for row in found]
+    changes = [row["change"] for row in found]
     ax.scatter(shares, changes, label="measured (one split)")
     grid = [i / 100 * max(shares) * 1.1 for i in range(101)]
     ax.plot(grid, [predicted_change(s) for s in grid], label="predicted: test MSE = training residuals'")
