@@ -20,6 +20,7 @@ __all__ = [
     "environment",
     "markdown",
     "mean_se",
+    "paired_differences",
     "report_saved",
     "save_figure",
     "save_tables",
@@ -86,6 +87,12 @@ def mean_se(values: list[float]) -> str:
         return f"{values[0]:.3f}"
     mean, standard_error = mean_and_standard_error(values)
     return f"{mean:.3f} ± {standard_error:.3f}"
+
+
+def paired_differences(mine: Sequence[float], theirs: Sequence[float]) -> tuple[list[float], int]:
+    """Per split, ``mine − theirs`` (the same splits in the same order), and on how many of them ``mine`` is lower."""
+    differences = [a - b for a, b in zip(mine, theirs, strict=True)]
+    return differences, sum(d < 0 for d in differences)
 
 
 def markdown(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:

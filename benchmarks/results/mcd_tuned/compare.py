@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # benchmarks/, for the published numbers
-from _results import by_split, markdown, mean_se
+from _results import by_split, markdown, mean_se, paired_differences
 from uci_summary import published
 
 RESULTS = Path("benchmarks/results")
@@ -102,8 +102,7 @@ def more_splits() -> None:
             continue
         for part in split_parts(shared):
             mine, theirs = ([table[s]["mnll"] for s in part] for table in (whvi, choice))
-            paired = [a - b for a, b in zip(mine, theirs)]
-            below = sum(d < 0 for d in paired)
+            paired, below = paired_differences(mine, theirs)
             cells = [name, f"{part[0]}-{part[-1]}", mean_se(mine), mean_se(theirs), mean_se(paired)]
             rows.append([*cells, f"{below} of {len(part)}"])
     if rows:

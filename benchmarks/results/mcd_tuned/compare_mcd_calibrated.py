@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # benchmarks/, for the summaries' readers
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # compare.py, beside this file
-from _results import split_folders
+from _results import paired_differences, split_folders
 from compare import HERE, SETS, against_published, by_split, chosen, markdown, mean_se, split_parts, whvi_default
 
 CALIBRATED = HERE / "calibrated"
@@ -35,8 +35,10 @@ def rows(name: str, where: Path | None = None, default: dict[int, dict] | None =
     default = chosen(name) if default is None else default
     found: dict[int, dict] = {}
     for folder in split_folders(CALIBRATED / name if where is None else where):
-        ran = json.loads((folder / f"uci_{name}.json").read_text())["meta"]["config"]["dropout"]
-        for split, row in by_split(folder, name).items():
+        meta = json.loads((folder / f"uci_{name}.json").read_text())["meta"]
+        ran = meta["config"]["dropout"]
+        for row in meta["splits"]:
+            split = row["split"]
             learned, rate = default[split]["mnll"], default[split]["dropout"]
             if ran != rate or not math.isclose(row["learned_noise_mnll"], learned, rel_tol=1e-9):
                 raise SystemExit(
@@ -67,11 +69,10 @@ def main() -> None:
             learned = [calibrated[s]["learned_noise_mnll"] for s in part]
             mine = [calibrated[s]["mnll"] for s in part]
             theirs = [whvi[s]["mnll"] for s in part]
-            gain = [a - b for a, b in zip(mine, learned)]
-            paired = [a - b for a, b in zip(theirs, mine)]
+            (gain, gained), (paired, below) = paired_differences(mine, learned), paired_differences(theirs, mine)
             cells = [name, f"{part[0]}-{part[-1]}", mean_se(learned), mean_se(mine), mean_se(gain)]
-            gained, below = (f"{sum(d < 0 for d in each)} of {len(part)}" for each in (gain, paired))
-            table.append([*cells, gained, mean_se(theirs), mean_se(paired), below])
+            cells += [f"{gained} of {len(part)}", mean_se(theirs), mean_se(paired)]
+            table.append([*cells, f"{below} of {len(part)}"])
         if shared:
             chosen_factors = [calibrated[s]["noise_factor"] for s in shared]
             factors.append([name, f"{min(chosen_factors):.2f}-{max(chosen_factors):.2f}", f"{len(shared)}"])
@@ -91,10 +92,10 @@ def synthetic() -> None:
         shared = sorted(found)
         gaps = [found[s]["mnll_gap"] for s in shared]
         learned = [learned_rows[s]["mnll_gap"] for s in shared]  # the same fit's, as rows() checks
-        gain = [found[s]["mnll"] - found[s]["learned_noise_mnll"] for s in shared]
+        gain, gained = paired_differences(*([found[s][k] for s in shared] for k in ("mnll", "learned_noise_mnll")))
         factors = ", ".join(f"{found[s]['noise_factor']:.2f}" for s in shared)
         cells = [name, ",".join(map(str, shared)), mean_se(learned), mean_se(gaps), mean_se(gain)]
-        table.append([*cells, f"{sum(d < 0 for d in gain)} of {len(shared)}", factors])
+        table.append([*cells, f"{gained} of {len(shared)}", factors])
     if table:
         header = ["function (2,000 rows)", "splits", "learned noise", "calibrated", "change", "lower on", "factors"]
         print("\nMNLL − floor\n\n" + markdown(header, table))

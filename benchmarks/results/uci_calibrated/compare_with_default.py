@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # benchmarks/, for the summaries' reader
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "mcd_tuned"))  # the default's and MC dropout's rows
-from _results import by_split, markdown, mean_se, split_folders
+from _results import by_split, markdown, mean_se, paired_differences, split_folders
 from compare import whvi_default
 from compare_mcd_calibrated import rows as mcd_calibrated
 
@@ -70,11 +70,10 @@ def energy_variants() -> None:
             table.append(cells)
         mnll = {split: row["mnll"] for split, row in rows.items()}
         against = {"the default": default, "the tuned MC dropout (`mcd_tuned/choice_energy`)": tuned}
-        paired = [
-            f"{mean_se([mnll[s] - other[s]['mnll'] for s in mnll])} against {name} (lower on "
-            f"{sum(mnll[s] < other[s]['mnll'] for s in mnll)} of {len(mnll)})"
-            for name, other in against.items()
-        ]
+        paired = []
+        for name, other in against.items():
+            differences, lower = paired_differences(list(mnll.values()), [other[s]["mnll"] for s in mnll])
+            paired.append(f"{mean_se(differences)} against {name} (lower on {lower} of {len(mnll)})")
         rmse = mean_se([row["rmse"] for row in rows.values()])
         means.append(f"{label} ({len(mnll)} splits): {mean_se(list(mnll.values()))}, RMSE {rmse}; " + ", ".join(paired))
     print("\n" + markdown(header, table))
@@ -99,8 +98,7 @@ def concrete_narrow() -> None:
     print("\n" + markdown(header, table))
     mnll = {split: row["mnll"] for split, row in narrow.items()}
     for name, other in {"the default": default, "MC dropout's default": mcd}.items():
-        paired = [mnll[s] - other[s]["mnll"] for s in mnll]
-        lower = sum(d < 0 for d in paired)
+        paired, lower = paired_differences(list(mnll.values()), [other[s]["mnll"] for s in mnll])
         print(f"{len(mnll)} splits: {mean_se(list(mnll.values()))} against {name} "
               f"({mean_se([other[s]['mnll'] for s in mnll])}): {mean_se(paired)} paired, lower on {lower}")  # fmt: skip
 
