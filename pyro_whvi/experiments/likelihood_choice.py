@@ -160,7 +160,8 @@ def spread_share(f: torch.Tensor, noise: torch.Tensor | float) -> float:
     At the ELBO's optimum :math:`\sigma^2 = \frac1N \sum_n \mathbb{E}_q[(y_n - f(x_n))^2]`, the residuals' mean
     square plus this spread, so the share is also :math:`1 - \overline{r^2} / \sigma^2` and the predictive
     :math:`\sigma^2 + \mathrm{Var}_q[f]`, which counts the spread twice, is about :math:`(1 + s) / (1 - s)` times
-    the residuals' mean square for a share :math:`s` (:mod:`~pyro_whvi.experiments.noise_calibration`)."""
+    the residuals' mean square for a share :math:`s` (:mod:`~pyro_whvi.experiments.noise_calibration`). Away from
+    that optimum, e.g. after a short training whose noise is still near its fixed start, it can exceed 1."""
     variance = torch.as_tensor(noise, dtype=torch.float64) ** 2
     return float(f.double().var(dim=0).mean() / variance)
 
