@@ -40,7 +40,7 @@ HEAD_CALIBRATED_METHODS = ("whvi",)
 #: gain reaches 0.01 nats. At a share :math:`s` the predictive's variance is :math:`k = (1 + s) / (1 - s)` times the
 #: training residuals' mean square, which loses :math:`\tfrac12(\log k + 1/k - 1)` a row (0.0094 at 0.1) where the
 #: test rows' error is theirs, and less where it is larger. Measured (``benchmarks/results/large_calibration/``, "One
-#: noise scale by its spread share"), the change was 4-78% of that bound, under 0.002 at the bench's shares of
+#: noise scale by its spread share"), the change was 4-88% of that bound, under 0.002 at the bench's shares of
 #: 0.06-0.07 (18,000 rows, borehole and OTL circuit) and 0.003-0.068 on every split at 0.184-0.42 (a power-like set,
 #: near-noiseless naval-like sets, a few thousand rows); the share does not tell 0.16-0.19, where it moved nothing
 #: (the bench's hartmann6 and robot arm, −0.0005 to +0.005), from 0.184-0.198, where it gained 0.003-0.030 (the
