@@ -1,0 +1,111 @@
+"""Would choosing between ``table3`` (the default below 3,000 rows) and ``narrow`` on the calibrated held-out MNLL
+be right? Each split's default row and its ``--protocol narrow --calibrate-noise on`` row hold the held-out MNLL of
+their calibrated predictive (``calibration_mnll``), on the same held-out rows (both parted with ``seed + split``),
+so the choice ``--protocol table3,narrow`` would make with that score is read off the two rows without training
+again. Prints each split (on sets with a known floor MNLL − floor) and the means: the default, ``narrow``, the
+choice, and how often the choice took the lower test MNLL.
+
+Run from the repository root: ``python benchmarks/results/uci_calibrated/narrow_choice.py``.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # benchmarks/, for the summaries' reader
+from _results import by_split, markdown, mean_se, paired_differences, split_folders
+
+HERE = Path("benchmarks/results/uci_calibrated")
+RUNS = HERE / "narrow_choice"
+# UCI set: (the default's folders, narrow's folders), a split from the first folder that has it
+UCI = {
+    "yacht": ((HERE / "whvi",), split_folders(RUNS / "yacht_narrow")),
+    "bostonHousing": (
+        tuple(HERE / f"whvi_boston{part}" for part in ("", "_splits5-9", "_splits10-19")),
+        split_folders(RUNS / "boston_narrow"),
+    ),
+    "energy": ((HERE / "whvi_energy",), (HERE / "energy_variants" / "narrow",)),
+    "concrete": (
+        tuple(HERE / f"whvi_concrete{part}" for part in ("", "_splits5-9", "_splits10-19")),
+        split_folders(HERE / "concrete_narrow"),
+    ),
+}
+# synthetic runs made before, on the same data (`whvi synthetic` is deterministic): the run's name here: its folder
+MADE_BEFORE = {"low700_hartmann6_s0_narrow": HERE / "energy_variants" / "hartmann6_700_narrow"}
+HEADER = ["set", "split", "held-out, default / narrow", "test, default", "test, narrow", "RMSE (/ σ), default / narrow"]
+HEADER += ["choice", "right?", "narrow's factor c", "where c ≤ 1"]
+#: The rules read off the rows: the column of each in the tuples :func:`compare` returns.
+RULES = {"narrow": 1, "the choice": 2, "narrow where c ≤ 1": 3}
+
+
+def synthetic_sets() -> dict[str, tuple[str, tuple[Path, ...], tuple[Path, ...]]]:
+    """``{set: (its function, the default's folders, narrow's)}`` of the synthetic runs
+    ``RUNS/<rows>_<function>_s<k>_{default,narrow}``, one run per split."""
+    found: dict[str, tuple[str, tuple[Path, ...], tuple[Path, ...]]] = {}
+    for default in sorted(RUNS.glob("*_s*_default")):
+        name = default.name.rsplit("_s", 1)[0]
+        narrow = default.with_name(default.name.removesuffix("default") + "narrow")
+        narrow = MADE_BEFORE.get(narrow.name, narrow)
+        if narrow.exists():
+            _, before, after = found.get(name, ("", (), ()))
+            found[name] = (name.rsplit("_", 1)[1], (*before, default), (*after, narrow))
+    return found
+
+
+def score(row: dict) -> float:
+    """The test MNLL, minus the floor where the set has one (its RMSE is then over σ, ``rmse_ratio``)."""
+    return row.get("mnll_gap", row["mnll"])
+
+
+def compare(
+    name: str, summary: str, default_folders: tuple[Path, ...], narrow_folders: tuple[Path, ...]
+) -> tuple[list[tuple[float, ...]], list[list[object]]]:
+    """One set's scores per split both have, ``(default, narrow, the choice, narrow where its factor c ≤ 1)``, and
+    the table's lines. The last rule keeps ``narrow`` where its held-out rows did not widen its learned noise: a
+    factor above 1 says the ELBO's noise is already narrower than the held-out rows' errors (overfitting rather
+    than ``table3``'s double count of q's spread), which the refit on more rows can only take further."""
+    default, narrow = by_split(default_folders, summary), by_split(narrow_folders, summary)
+    scores: list[tuple[float, ...]] = []
+    lines: list[list[object]] = []
+    for split in sorted(set(default) & set(narrow)):
+        held = [row["calibration_mnll"][1] for row in (default[split], narrow[split])]
+        test = [score(row) for row in (default[split], narrow[split])]
+        pick = int(held[1] < held[0])  # ties: the first candidate, table3
+        factor = narrow[split]["noise_factor"]
+        scores.append((test[0], test[1], test[pick], test[int(factor <= 1.0)]))
+        right = "yes" if test[pick] <= min(test) else f"no, by {abs(test[0] - test[1]):.3f}"
+        rmse = [row.get("rmse_ratio", row["rmse"]) for row in (default[split], narrow[split])]
+        cells = [name, split, f"{held[0]:.3f} / {held[1]:.3f}", f"{test[0]:.3f}", f"{test[1]:.3f}"]
+        cells.append(f"{rmse[0]:.3f} / {rmse[1]:.3f}")
+        lines.append([*cells, ("table3", "narrow")[pick], right, f"{factor:.3f}", f"{test[int(factor <= 1.0)]:.3f}"])
+    return scores, lines
+
+
+def main() -> None:
+    groups = {"UCI": {name: (name, *folders) for name, folders in UCI.items()}}
+    groups["synthetic (MNLL − floor)"] = synthetic_sets()
+    for group, sets in groups.items():
+        table, means, everything = [], [], []
+        for name, (summary, default_folders, narrow_folders) in sets.items():
+            rows, lines = compare(name, summary, default_folders, narrow_folders)
+            table += lines
+            everything += rows
+            if rows:
+                columns = [[row[k] for row in rows] for k in range(len(rows[0]))]
+                each = ", ".join(f"{label} {mean_se(columns[k])}" for label, k in RULES.items())
+                means.append(f"{name} ({len(rows)}): the default {mean_se(columns[0])}, {each}")
+        print(f"\n## {group}\n\n" + markdown(HEADER, table) + "\n\n" + "\n".join(means))
+        if everything:
+            columns = [[row[k] for row in everything] for k in range(len(everything[0]))]
+            for label, k in RULES.items():
+                differences, lower = paired_differences(columns[k], columns[0])
+                higher = sum(d > 0 for d in differences)
+                print(
+                    f"{label} − the default over {len(everything)} splits: {mean_se(differences)} (lower on {lower}, "
+                    f"higher on {higher}; the largest rise {max(differences):+.3f})"
+                )
+
+
+if __name__ == "__main__":
+    main()
