@@ -46,7 +46,7 @@ __all__ = [
 #:   on small synthetic sets with low noise it can end overconfident (hartmann6, 700 rows: 1.3 nats worse), so
 #:   ``auto`` keeps ``table3`` (``benchmarks/results/uci_small_variants/README.md``, "Where the ELBO goes on"). With
 #:   the calibration it is higher on 5 of 10 synthetic splits of 700-1,000 rows, and a choice on the calibrated
-#:   held-out MNLL was right on 4 of them (``benchmarks/results/uci_calibrated/README.md``).
+#:   held-out MNLL was right on 4 of the 10 (``benchmarks/results/uci_calibrated/README.md``).
 #: * ``wide``: 2 hidden layers of 1024, Adam 3e-3, 50,500 steps. A WHVI layer of width D has 3D variational
 #:   parameters where a dense layer has D^2 (on 6 inputs 10,498 against the 128-unit one's 1,410), and a step costs
 #:   1.2x the 128-unit one (O(D log D)). For larger data sets (``docs/results/larger-data.md``).

@@ -3,7 +3,8 @@ be right? Each split's default row and its ``--protocol narrow --calibrate-noise
 their calibrated predictive (``calibration_mnll``), on the same held-out rows (both parted with ``seed + split``),
 so the choice ``--protocol table3,narrow`` would make with that score is read off the two rows without training
 again. Prints each split (on sets with a known floor MNLL − floor) and the means: the default, ``narrow``, the
-choice, and how often the choice took the lower test MNLL.
+choice, how often the choice took the lower test MNLL, and ``narrow`` kept only where its held-out factor is at
+most 1 (a rule read off these rows: :func:`compare`).
 
 Run from the repository root: ``python benchmarks/results/uci_calibrated/narrow_choice.py``.
 """
