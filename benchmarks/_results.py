@@ -18,6 +18,7 @@ from pyro_whvi.metrics import mean_and_standard_error
 __all__ = [
     "by_split",
     "environment",
+    "learned_noise_gap",
     "markdown",
     "mean_se",
     "paired_differences",
@@ -87,6 +88,12 @@ def mean_se(values: list[float]) -> str:
         return f"{values[0]:.3f}"
     mean, standard_error = mean_and_standard_error(values)
     return f"{mean:.3f} ± {standard_error:.3f}"
+
+
+def learned_noise_gap(row: dict) -> float:
+    """A calibrated row's test MNLL with its learned noise alone (``learned_noise_mnll``, the same draws) minus the
+    set's floor: its ``mnll_gap`` less the change the calibration made."""
+    return row["mnll_gap"] - (row["mnll"] - row["learned_noise_mnll"])
 
 
 def paired_differences(mine: Sequence[float], theirs: Sequence[float]) -> tuple[list[float], int]:

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # benchmarks/, for the tables' printer
-from _results import markdown
+from _results import learned_noise_gap, markdown
 
 RESULTS = Path("benchmarks/results")
 HERE = RESULTS / "large_calibration"
@@ -47,13 +47,12 @@ def table(folder: Path, name: str) -> tuple[dict, dict[int, dict]]:
     return meta["config"], {row["split"]: row for row in meta["splits"]}
 
 
-def learned_noise_gap(row: dict, rerun: dict) -> float:
+def learned_noise_gap_or_rerun(row: dict, rerun: dict) -> float:
     """The test MNLL minus the floor of ``row``'s fit with its learned noise alone: the row's own
     ``learned_noise_mnll`` (the same draws), or else the same seeded fit trained again without the flag on this
     machine (``rerun``, checked to be that fit: the same RMSE)."""
-    floor = row["mnll"] - row["mnll_gap"]
     if "learned_noise_mnll" in row:
-        return row["learned_noise_mnll"] - floor
+        return learned_noise_gap(row)
     if abs(rerun["rmse"] - row["rmse"]) > 1e-9 * row["rmse"]:
         raise SystemExit(f"split {row['split']}: the rerun without the flag is another fit (RMSE {rerun['rmse']})")
     return rerun["mnll_gap"]
@@ -71,7 +70,7 @@ def main() -> None:
         for split, new in sorted(calibrated.items()):
             if "learned_noise_mnll" not in new and split not in rerun:
                 continue
-            learned = learned_noise_gap(new, rerun.get(split, {}))
+            learned = learned_noise_gap_or_rerun(new, rerun.get(split, {}))
             gaps = f"{learned:.4f}", f"**{new['mnll_gap']:.4f}**", f"{new['mnll_gap'] - learned:+.4f}"
             held_out = "{:.3f} / {:.3f}".format(*new["calibration_mnll"])
             seconds = f"{new['calibration_seconds']:.0f} / {new['train_seconds']:.0f}"

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # benchmarks/, for the tables' printer
-from _results import markdown, save_figure
+from _results import learned_noise_gap, markdown, save_figure
 
 from pyro_whvi.experiments.auto_calibration import SPREAD_SHARE_THRESHOLD
 
@@ -55,7 +55,7 @@ def main() -> None:
     table = []
     for row in found:
         change = row["change"]
-        learned = row["mnll_gap"] - change
+        learned = learned_noise_gap(row)
         seconds = f"{row['calibration_seconds']:.0f} / {row['train_seconds']:.0f}"
         share = row["spread_share"]
         gaps = [f"{learned:.4f}", f"{row['mnll_gap']:.4f}", f"{change:+.4f}", f"{predicted_change(share):+.4f}"]

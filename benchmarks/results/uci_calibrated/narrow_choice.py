@@ -74,12 +74,13 @@ def compare(
         test = [score(row) for row in (default[split], narrow[split])]
         pick = int(held[1] < held[0])  # ties: the first candidate, table3
         factor = narrow[split]["noise_factor"]
-        scores.append((test[0], test[1], test[pick], test[int(factor <= 1.0)]))
+        by_factor = test[int(factor <= 1.0)]
+        scores.append((test[0], test[1], test[pick], by_factor))
         right = "yes" if test[pick] <= min(test) else f"no, by {abs(test[0] - test[1]):.3f}"
         rmse = [row.get("rmse_ratio", row["rmse"]) for row in (default[split], narrow[split])]
         cells = [name, split, f"{held[0]:.3f} / {held[1]:.3f}", f"{test[0]:.3f}", f"{test[1]:.3f}"]
         cells.append(f"{rmse[0]:.3f} / {rmse[1]:.3f}")
-        lines.append([*cells, ("table3", "narrow")[pick], right, f"{factor:.3f}", f"{test[int(factor <= 1.0)]:.3f}"])
+        lines.append([*cells, ("table3", "narrow")[pick], right, f"{factor:.3f}", f"{by_factor:.3f}"])
     return scores, lines
 
 
