@@ -1,7 +1,7 @@
 r"""Predictive metrics as plain functions of Monte-Carlo predictive samples.
 
 Shape letters: ``S`` posterior samples, ``N`` test points, ``C`` classes.
-Regression: :func:`rmse` and :func:`gaussian_mnll`; classification: the rest.
+Regression: :func:`rmse`, :func:`gaussian_mnll` and its points' :func:`gaussian_row_nll`; classification: the rest.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ __all__ = [
     "error_rate",
     "expected_calibration_error",
     "gaussian_mnll",
+    "gaussian_row_nll",
     "mean_and_standard_error",
     "predictive_entropy",
     "predictive_probs",
@@ -97,29 +98,39 @@ def rmse(f_samples: Tensor, y: Tensor) -> float:
     return float((f_samples.mean(0) - y).pow(2).mean().sqrt())
 
 
-def gaussian_mnll(
+def gaussian_row_nll(
     f_samples: Tensor, noise_scale: Tensor | float, y: Tensor, noise_weights: Sequence[float] | None = None
-) -> float:
-    r"""Mean negative log predictive density, :math:`-\frac1N \sum_i \log \frac1S \sum_s
-    \mathcal{N}(y_i \mid f_s(x_i), \sigma^2)`, for ``f_samples`` of shape ``(S, N)``; ``noise_scale`` is one
-    :math:`\sigma` or one per sample and point (``(S, N)``).
+) -> Tensor:
+    r"""Each point's negative log predictive density, :math:`-\log \frac1S \sum_s \mathcal{N}(y_i \mid f_s(x_i),
+    \sigma^2)`, shape ``(N,)``, for ``f_samples`` of shape ``(S, N)``; ``noise_scale`` is one :math:`\sigma` or one
+    per sample and point (``(S, N)``).
 
     With ``noise_weights`` :math:`w_1, \dots, w_K` (non-negative, summing to 1) the noise is a scale mixture:
     ``noise_scale`` has a leading axis of :math:`K` components, each as above, and the density is
-    :math:`\sum_k w_k \frac1S \sum_s \mathcal{N}(y_i \mid f_s(x_i), \sigma_k^2)`."""
+    :math:`\sum_k w_k \frac1S \sum_s \mathcal{N}(y_i \mid f_s(x_i), \sigma_k^2)`. :func:`gaussian_mnll` is the
+    mean; the points themselves show which rows a predictive pays for."""
     noise = torch.as_tensor(noise_scale, dtype=f_samples.dtype)
     samples = math.log(f_samples.shape[0])
     if noise_weights is None:
         log_density = torch.distributions.Normal(f_samples, noise).log_prob(y)
-        return float(-(torch.logsumexp(log_density, 0) - samples).mean())
+        return -(torch.logsumexp(log_density, 0) - samples)
     weights = torch.as_tensor(noise_weights, dtype=f_samples.dtype)
     if weights.dim() != 1 or noise.dim() < 1 or len(weights) != len(noise):
         raise ValueError(
-            f"gaussian_mnll: noise_weights needs one weight per noise component (noise_scale's leading axis); got "
+            f"noise_weights needs one weight per noise component (noise_scale's leading axis); got "
             f"{tuple(weights.shape)} weights and noise_scale of shape {tuple(noise.shape)}."
         )
     if (weights < 0).any() or abs(float(weights.sum()) - 1.0) > 1e-9:
-        raise ValueError(f"gaussian_mnll: noise_weights must be non-negative and sum to 1, got {weights.tolist()}.")
+        raise ValueError(f"noise_weights must be non-negative and sum to 1, got {weights.tolist()}.")
     noise = noise.reshape(len(noise), *noise.shape[1:], *(1,) * (3 - noise.dim()))  # (K, S or 1, N or 1)
     log_density = torch.distributions.Normal(f_samples, noise).log_prob(y) + weights.log().view(-1, 1, 1)
-    return float(-(torch.logsumexp(log_density.flatten(0, 1), 0) - samples).mean())
+    return -(torch.logsumexp(log_density.flatten(0, 1), 0) - samples)
+
+
+def gaussian_mnll(
+    f_samples: Tensor, noise_scale: Tensor | float, y: Tensor, noise_weights: Sequence[float] | None = None
+) -> float:
+    r"""Mean negative log predictive density, :math:`-\frac1N \sum_i \log \frac1S \sum_s
+    \mathcal{N}(y_i \mid f_s(x_i), \sigma^2)`: the mean of :func:`gaussian_row_nll`, which takes the same
+    arguments (a scale mixture's ``noise_weights`` included)."""
+    return float(gaussian_row_nll(f_samples, noise_scale, y, noise_weights).mean())

@@ -34,7 +34,6 @@ References:
 from __future__ import annotations
 
 import dataclasses
-import math
 import multiprocessing
 import os
 import time
@@ -49,7 +48,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from ..data import TOY_GAP, TOY_NOISE_SCALE, load_digits_split, toy_function, toy_regression_1d
-from ..metrics import categorical_nll, error_rate, expected_calibration_error, reliability_diagram
+from ..metrics import categorical_nll, error_rate, expected_calibration_error, gaussian_row_nll, reliability_diagram
 from ..nn import BayesianMLP
 from ..train.engine import Schedule, train
 from ..train.selection import holdout
@@ -127,12 +126,10 @@ def _toy(method: str, config: DemoConfig) -> dict[str, Any]:
     on_data, on_grid = f[:, : len(y)], f[:, len(y) :]
     in_gap = (grid[:, 0] > TOY_GAP[0]) & (grid[:, 0] < TOY_GAP[1])
     truth = toy_function(grid[:, 0])
-    noise = TOY_NOISE_SCALE**2
-    log_density = torch.distributions.Normal(on_grid, math.sqrt(noise)).log_prob(truth)
-    mnll = -(torch.logsumexp(log_density, 0) - math.log(config.samples))
+    nll = gaussian_row_nll(on_grid, TOY_NOISE_SCALE, truth)
     return {
         "toy_rmse_to_truth": float((on_data.mean(0) - toy_function(x[:, 0])).pow(2).mean().sqrt()),
-        "toy_mnll_in_gap": float(mnll[in_gap].mean()),
+        "toy_mnll_in_gap": float(nll[in_gap].mean()),
         "toy_sd_on_data": float(on_data.std(0).mean()),
         "toy_sd_in_gap": float(on_grid[:, in_gap].std(0).mean()),
         "toy_seconds": seconds,

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from pyro_whvi.data import TOY_GAP, load_uci_split, num_uci_splits, toy_function, toy_regression_1d
-from pyro_whvi.metrics import gaussian_mnll, rmse
+from pyro_whvi.metrics import gaussian_mnll, gaussian_row_nll, rmse
 
 from ..helpers import ROOT, write_uci
 
@@ -58,6 +58,9 @@ def test_metrics_match_closed_forms():
         ]
     )
     assert gaussian_mnll(f, 0.5, y) == pytest.approx(expected)
+    rows = gaussian_row_nll(f, 0.5, y)
+    assert rows.shape == (3,) and rows[1] < rows[0] == rows[2]  # both samples at the middle point's target
+    assert gaussian_mnll(f, 0.5, y) == float(rows.mean())  # the mean of the rows, the same float
 
 
 def test_gaussian_mnll_of_a_scale_mixture_matches_its_closed_form():
@@ -71,14 +74,13 @@ def test_gaussian_mnll_of_a_scale_mixture_matches_its_closed_form():
         return math.exp(-0.5 * (residual / sd) ** 2) / (sd * math.sqrt(2 * math.pi))
 
     residuals = [(0.0, 2.0), (0.0, 0.0), (0.0, 2.0)]
-    expected = -np.mean(
-        [
-            math.log(sum(w * 0.5 * (normal(a, sd) + normal(b, sd)) for w, sd in ((0.9, 0.5), (0.1, 3.0))))
-            for a, b in residuals
-        ]
-    )
+    each_row = [
+        -math.log(sum(w * 0.5 * (normal(a, sd) + normal(b, sd)) for w, sd in ((0.9, 0.5), (0.1, 3.0))))
+        for a, b in residuals
+    ]
     noise = torch.tensor([0.5, 3.0], dtype=torch.float64)
-    assert gaussian_mnll(f, noise, y, (0.9, 0.1)) == pytest.approx(expected, rel=1e-12)
+    assert gaussian_row_nll(f, noise, y, (0.9, 0.1)).tolist() == pytest.approx(each_row, rel=1e-12)
+    assert gaussian_mnll(f, noise, y, (0.9, 0.1)) == pytest.approx(np.mean(each_row), rel=1e-12)
     assert gaussian_mnll(f, noise, y, (1.0, 0.0)) == pytest.approx(gaussian_mnll(f, 0.5, y), rel=1e-12)
     per_point = torch.rand(2, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64) + 0.2
     stacked = torch.stack([per_point, per_point * 4])

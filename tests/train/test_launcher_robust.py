@@ -105,12 +105,16 @@ def _ranks_training(out: Path, launcher: subprocess.Popen[str], steps: int = 3) 
 
 
 def _alive(pid: int) -> bool:
+    """Whether any thread of ``pid`` is still running. A zombie is dead (it only waits for its parent to read its
+    status), but a multithreaded process's main thread turns zombie while its other threads still tear down, and
+    the open files (the folder lock among them) close only with the last: so every thread is looked at."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    with contextlib.suppress(OSError):  # a zombie is dead: it only waits for its parent to read its status
-        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    with contextlib.suppress(OSError):  # a thread gone while we read: looked at again on the next poll
+        threads = Path(f"/proc/{pid}/task").iterdir()
+        return any((thread / "stat").read_text().rsplit(")", 1)[-1].split()[0] not in "ZX" for thread in threads)
     return True
 
 

@@ -35,6 +35,7 @@ from pyro_whvi.experiments.methods import parse_method
 from pyro_whvi.experiments.uci_config import UCIConfig
 from pyro_whvi.experiments.uci_data import load_dataset_split
 from pyro_whvi.experiments.uci_train import predict_split, train_split, validation_part
+from pyro_whvi.metrics import gaussian_row_nll
 from pyro_whvi.train.files import write_atomic
 
 data_dir, split, steps, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
@@ -52,8 +53,7 @@ log_scale = math.log(data.y_scale)
 
 def row_nll(f: torch.Tensor, noise: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """Each row's negative log predictive density of the mixture of ``N(f_s, noise^2)``, original units."""
-    log_density = torch.distributions.Normal(f, noise).log_prob(y)
-    return -(torch.logsumexp(log_density, 0) - math.log(f.shape[0])) + log_scale
+    return gaussian_row_nll(f, noise, y) + log_scale
 
 
 def corrected(f: torch.Tensor, noise: float, kind: str, factor: float) -> tuple[torch.Tensor, torch.Tensor]:

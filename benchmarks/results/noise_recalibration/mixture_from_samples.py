@@ -23,14 +23,8 @@ from pathlib import Path
 import torch
 
 from pyro_whvi.experiments.noise_calibration import NOISE_FACTORS, calibrated_noise, keep_weight, noise_factor
-from pyro_whvi.metrics import gaussian_mnll
+from pyro_whvi.metrics import gaussian_mnll, gaussian_row_nll
 from pyro_whvi.train.files import write_atomic
-
-
-def row_nlls(f: torch.Tensor, noise: torch.Tensor, y: torch.Tensor, weights: tuple[float, float]) -> torch.Tensor:
-    """Each test row's NLL under the scale mixture (``gaussian_mnll`` of the row alone)."""
-    nlls = [gaussian_mnll(f[:, i : i + 1], noise, y[i : i + 1], weights) for i in range(len(y))]
-    return torch.tensor(nlls, dtype=torch.float64)
 
 
 def mixture_factor(f: torch.Tensor, noise: float, y: torch.Tensor, keep: float) -> float:
@@ -59,7 +53,7 @@ for path in sys.argv[2:]:
     }
     entry: dict[str, object] = {"factor": factor, "refit_factor": refit_factor, "keep": keep}
     for name, (noise, weights) in predictives.items():
-        rows = row_nlls(f, noise, y, weights) + shift
+        rows = gaussian_row_nll(f, noise, y, weights) + shift
         entry[name] = {"mnll": float(rows.mean()), "worst_row": float(rows.max())}
     entry["rmse"] = float((f.mean(0) - y).pow(2).mean().sqrt()) * kept["y_scale"]
     results[Path(path).stem] = entry

@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from pyro_whvi.experiments.noise_calibration import keep_weight, noise_factor
+from pyro_whvi.metrics import gaussian_row_nll
 from pyro_whvi.train.files import write_atomic
 
 
@@ -30,11 +31,7 @@ def log_density(
     f: torch.Tensor, noises: tuple[float, float], weights: tuple[float, float], y: torch.Tensor
 ) -> torch.Tensor:
     """Each row's log density under :math:`\\sum_k w_k \\frac1S \\sum_s \\mathcal N(y \\mid f_s, \\sigma_k^2)`."""
-    parts = [
-        torch.logsumexp(torch.distributions.Normal(f, noise).log_prob(y), 0) + math.log(weight / f.shape[0])
-        for noise, weight in zip(noises, weights, strict=True)
-    ]
-    return torch.logsumexp(torch.stack(parts), 0)
+    return -gaussian_row_nll(f, torch.tensor(noises, dtype=f.dtype), y, weights)
 
 
 out = Path(sys.argv[1])
