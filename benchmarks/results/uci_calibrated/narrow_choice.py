@@ -4,7 +4,8 @@ their calibrated predictive (``calibration_mnll``), on the same held-out rows (b
 so the choice ``--protocol table3,narrow`` would make with that score is read off the two rows without training
 again. Prints each split (on sets with a known floor MNLL − floor) and the means: the default, ``narrow``, the
 choice, how often the choice took the lower test MNLL, and ``narrow`` kept only where its held-out factor is at
-most 1 (a rule read off these rows: :func:`compare`).
+most 1 (a rule read off these rows: :func:`compare`). The synthetic runs of ``narrow_rule_check/``, made after the
+rule to check it, are a group of their own, with the bar set for them before they ran (:data:`BAR`).
 
 Run from the repository root: ``python benchmarks/results/uci_calibrated/narrow_choice.py``.
 """
@@ -17,8 +18,18 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # benchmarks/, for the summaries' reader
 from _results import by_split, markdown, mean_se, paired_differences, split_folders
 
+from pyro_whvi.metrics import mean_and_standard_error
+
 HERE = Path("benchmarks/results/uci_calibrated")
 RUNS = HERE / "narrow_choice"
+#: Synthetic sets and a seed not used to form the factor rule, planned before their runs (the README).
+CHECK_RUNS = HERE / "narrow_rule_check"
+#: The factor rule's bar on ``CHECK_RUNS``, fixed before they ran: its mean difference to the default below 0 by
+#: more than one standard error, and no split higher than the default by more than this (nats).
+BAR = 0.1
+CHECK = "synthetic, the check planned before its runs (MNLL − floor)"
+#: hartmann6 at 700 and 500 rows, σ 0.05, on a fresh seed: does ``narrow``'s loss there repeat (after the check)?
+REPEAT_RUNS = HERE / "narrow_hartmann6_repeat"
 # UCI set: (the default's folders, narrow's folders), a split from the first folder that has it
 UCI = {
     "yacht": ((HERE / "whvi",), split_folders(RUNS / "yacht_narrow")),
@@ -40,11 +51,11 @@ HEADER += ["choice", "right?", "narrow's factor c", "where c ≤ 1"]
 RULES = {"narrow": 1, "the choice": 2, "narrow where c ≤ 1": 3}
 
 
-def synthetic_sets() -> dict[str, tuple[str, tuple[Path, ...], tuple[Path, ...]]]:
+def synthetic_sets(runs: Path) -> dict[str, tuple[str, tuple[Path, ...], tuple[Path, ...]]]:
     """``{set: (its function, the default's folders, narrow's)}`` of the synthetic runs
-    ``RUNS/<rows>_<function>_s<k>_{default,narrow}``, one run per split."""
+    ``runs/<rows>_<function>_s<k>_{default,narrow}``, one run per split."""
     found: dict[str, tuple[str, tuple[Path, ...], tuple[Path, ...]]] = {}
-    for default in sorted(RUNS.glob("*_s*_default")):
+    for default in sorted(runs.glob("*_s*_default")):
         name = default.name.rsplit("_s", 1)[0]
         narrow = default.with_name(default.name.removesuffix("default") + "narrow")
         narrow = MADE_BEFORE.get(narrow.name, narrow)
@@ -62,10 +73,12 @@ def score(row: dict) -> float:
 def compare(
     name: str, summary: str, default_folders: tuple[Path, ...], narrow_folders: tuple[Path, ...]
 ) -> tuple[list[tuple[float, ...]], list[list[object]]]:
-    """One set's scores per split both have, ``(default, narrow, the choice, narrow where its factor c ≤ 1)``, and
-    the table's lines. The last rule keeps ``narrow`` where its held-out rows did not widen its learned noise: a
-    factor above 1 says the ELBO's noise is already narrower than the held-out rows' errors (overfitting rather
-    than ``table3``'s double count of q's spread), which the refit on more rows can only take further."""
+    """One set's scores per split both have, ``(default, narrow, the choice, narrow where its factor c ≤ 1)``,
+    then the training seconds of the default and of that rule (``narrow``'s two fits where c ≤ 1, else its
+    held-out fit and the default's two) and ``narrow``'s factor, and the table's lines. The last rule keeps
+    ``narrow`` where its held-out rows did not widen its learned noise: a factor above 1 says the ELBO's noise is
+    already narrower than the held-out rows' errors (overfitting rather than ``table3``'s double count of q's
+    spread), which the refit on more rows can only take further."""
     default, narrow = by_split(default_folders, summary), by_split(narrow_folders, summary)
     scores: list[tuple[float, ...]] = []
     lines: list[list[object]] = []
@@ -75,7 +88,9 @@ def compare(
         pick = int(held[1] < held[0])  # ties: the first candidate, table3
         factor = narrow[split]["noise_factor"]
         by_factor = test[int(factor <= 1.0)]
-        scores.append((test[0], test[1], test[pick], by_factor))
+        seconds = [row["train_seconds"] for row in (default[split], narrow[split])]
+        rule_seconds = seconds[1] if factor <= 1.0 else narrow[split]["calibration_seconds"] + seconds[0]
+        scores.append((test[0], test[1], test[pick], by_factor, seconds[0], rule_seconds, factor))
         right = "yes" if test[pick] <= min(test) else f"no, by {abs(test[0] - test[1]):.3f}"
         rmse = [row.get("rmse_ratio", row["rmse"]) for row in (default[split], narrow[split])]
         cells = [name, split, f"{held[0]:.3f} / {held[1]:.3f}", f"{test[0]:.3f}", f"{test[1]:.3f}"]
@@ -86,7 +101,11 @@ def compare(
 
 def main() -> None:
     groups = {"UCI": {name: (name, *folders) for name, folders in UCI.items()}}
-    groups["synthetic (MNLL − floor)"] = synthetic_sets()
+    groups["synthetic, the rows the factor rule was read off (MNLL − floor)"] = synthetic_sets(RUNS)
+    groups[CHECK] = synthetic_sets(CHECK_RUNS)
+    groups["synthetic, hartmann6 at 500-700 rows and σ 0.05 again, a fresh seed (MNLL − floor)"] = synthetic_sets(
+        REPEAT_RUNS
+    )
     for group, sets in groups.items():
         table, means, everything = [], [], []
         for name, (summary, default_folders, narrow_folders) in sets.items():
@@ -107,6 +126,17 @@ def main() -> None:
                     f"{label} − the default over {len(everything)} splits: {mean_se(differences)} (lower on {lower}, "
                     f"higher on {higher}; the largest rise {max(differences):+.3f})"
                 )
+            default_seconds, rule_seconds = (sum(row[k] for row in everything) for k in (4, 5))
+            wider = sum(row[6] > 1.0 for row in everything)
+            print(
+                f"narrow where c ≤ 1, training seconds over the default's: {rule_seconds / default_seconds:.2f} "
+                f"(summed over the {len(everything)} splits; three fits on the {wider} with c > 1)"
+            )
+            if group == CHECK:
+                differences, _ = paired_differences(columns[RULES["narrow where c ≤ 1"]], columns[0])
+                mean, standard_error = mean_and_standard_error(differences)
+                met = mean + standard_error < 0 and max(differences) <= BAR
+                print(f"the bar (mean + SE below 0, no split above +{BAR}): {'met' if met else 'not met'}")
 
 
 if __name__ == "__main__":
