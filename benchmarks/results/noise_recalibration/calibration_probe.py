@@ -16,8 +16,9 @@ Each is scored on the test rows (and, for reference only, the factor the test ro
 80% fit are applied to that fit. Per-row test NLLs are kept (their largest) so that a correction that gains the mean
 by losing a few rows shows it.
 
-usage: [METHOD=mcd] [SEED=k] python calibration_probe.py DATA_DIR SPLIT STEPS OUT_JSON [--refit]
-(METHOD: whvi unless set; SEED: ``UCIConfig.seed``, 0 unless set)
+usage: [METHOD=mcd] [SEED=k] [PROTOCOL=narrow] python calibration_probe.py DATA_DIR SPLIT STEPS OUT_JSON [--refit]
+(METHOD: whvi unless set; SEED: ``UCIConfig.seed``, 0 unless set; PROTOCOL: ``whvi uci --protocol``'s network and
+learning rate, table3 unless set, STEPS replacing its steps)
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ torch.set_num_threads(1)
 method = os.environ.get("METHOD", "whvi")
 spec = parse_method(method)
 seed = int(os.environ.get("SEED", "0"))
-config = UCIConfig.from_protocol("table3", data_dir, steps=steps, methods=(method,), seed=seed, progress=False)
+protocol = os.environ.get("PROTOCOL", "table3")
+config = UCIConfig.from_protocol(protocol, data_dir, steps=steps, methods=(method,), seed=seed, progress=False)
 data = load_dataset_split(data_dir, split, standardize_targets=config.standardize_targets)
 part = validation_part(data, config.val_fraction, config.seed + split)
 factors = torch.logspace(math.log10(0.05), math.log10(4.0), 241, dtype=torch.float64)
@@ -78,6 +80,7 @@ def scores(f: torch.Tensor, noise: float, y: torch.Tensor, kind: str, factor: fl
 
 
 results: dict[str, object] = {"method": method, "data": data_dir, "split": split, "steps": steps, "seed": seed}
+results["protocol"] = protocol
 start = time.process_time()
 fit = train_split(data_dir, spec, split, config, data=part, validation=True)
 results["fit_seconds"] = time.process_time() - start
