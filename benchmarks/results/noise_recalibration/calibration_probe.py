@@ -36,7 +36,7 @@ from pyro_whvi.experiments.methods import parse_method
 from pyro_whvi.experiments.uci_config import UCIConfig
 from pyro_whvi.experiments.uci_data import load_dataset_split
 from pyro_whvi.experiments.uci_train import predict_split, train_split, validation_part
-from pyro_whvi.metrics import gaussian_row_nll
+from pyro_whvi.metrics import gaussian_row_nll, rmse
 from pyro_whvi.train.files import write_atomic
 
 data_dir, split, steps, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
@@ -90,8 +90,8 @@ f_test, _ = predict_split(fit, data.x_test, config)
 f_val, f_test = f_val.double(), f_test.double()
 y_val, y_test = part.y_test.double(), data.y_test.double()
 results["noise80"] = noise80 * data.y_scale
-results["rmse80"] = float((f_test.mean(0) - y_test).pow(2).mean().sqrt()) * data.y_scale
-results["val_rmse80"] = float((f_val.mean(0) - y_val).pow(2).mean().sqrt()) * data.y_scale
+results["rmse80"] = rmse(f_test, y_test) * data.y_scale
+results["val_rmse80"] = rmse(f_val, y_val) * data.y_scale
 chosen: dict[str, float] = {}
 for kind in ("noise", "scale"):
     val_curve = mnll_curve(f_val, noise80, y_val, kind)
@@ -114,7 +114,7 @@ if refit:
     f_full, _ = predict_split(full, data.x_test, config)
     f_full = f_full.double()
     results["noise_full"] = noise_full * data.y_scale
-    results["rmse_full"] = float((f_full.mean(0) - y_test).pow(2).mean().sqrt()) * data.y_scale
+    results["rmse_full"] = rmse(f_full, y_test) * data.y_scale
     for kind in ("noise", "scale"):
         results[f"full_{kind}"] = {
             "learned": scores(f_full, noise_full, y_test, kind, 1.0),

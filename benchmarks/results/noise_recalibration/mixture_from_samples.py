@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from pyro_whvi.experiments.noise_calibration import NOISE_FACTORS, calibrated_noise, keep_weight, noise_factor
-from pyro_whvi.metrics import gaussian_mnll, gaussian_row_nll
+from pyro_whvi.metrics import gaussian_mnll, gaussian_row_nll, rmse
 from pyro_whvi.train.files import write_atomic
 
 
@@ -55,7 +55,7 @@ for path in sys.argv[2:]:
     for name, (noise, weights) in predictives.items():
         rows = gaussian_row_nll(f, noise, y, weights) + shift
         entry[name] = {"mnll": float(rows.mean()), "worst_row": float(rows.max())}
-    entry["rmse"] = float((f.mean(0) - y).pow(2).mean().sqrt()) * kept["y_scale"]
+    entry["rmse"] = rmse(f, y) * kept["y_scale"]
     results[Path(path).stem] = entry
     print(Path(path).stem, json.dumps(entry), flush=True)
 write_atomic(out, json.dumps(dict(sorted(results.items())), indent=1))

@@ -19,19 +19,20 @@ import json
 import math
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from pyro_whvi.experiments.noise_calibration import keep_weight, noise_factor
+from pyro_whvi.experiments.noise_calibration import HeldOutFit, calibrated_noise
 from pyro_whvi.metrics import gaussian_row_nll
 from pyro_whvi.train.files import write_atomic
 
 
-def log_density(
-    f: torch.Tensor, noises: tuple[float, float], weights: tuple[float, float], y: torch.Tensor
-) -> torch.Tensor:
-    """Each row's log density under :math:`\\sum_k w_k \\frac1S \\sum_s \\mathcal N(y \\mid f_s, \\sigma_k^2)`."""
-    return -gaussian_row_nll(f, torch.tensor(noises, dtype=f.dtype), y, weights)
+def log_density(f: torch.Tensor, noise: float, calibration: dict[str, Any], y: torch.Tensor) -> torch.Tensor:
+    """Each row's log density under the calibrated predictive of samples ``f`` with the learned ``noise``
+    (``noise_calibration.calibrated_noise``: the noise times the factor, a weight kept on the learned)."""
+    noises, weights = calibrated_noise(torch.tensor(noise, dtype=f.dtype), calibration)
+    return -gaussian_row_nll(f, noises, y, weights)
 
 
 out = Path(sys.argv[1])
@@ -40,16 +41,16 @@ for path in sys.argv[2:]:
     kept = torch.load(path)
     f_held, f_refit, y = kept["f_test"].double(), kept["f_full"].double(), kept["y_test"].double()
     noise80, noise_full = float(kept["noise80"]), float(kept["noise_full"])
-    factor, *_ = noise_factor(kept["f_val"].double(), noise80, kept["y_val"].double())
-    weights = (1.0 - keep_weight(len(kept["y_val"])), keep_weight(len(kept["y_val"])))
-    refit = log_density(f_refit, (factor * noise_full, noise_full), weights, y)
-    held_out_fit = log_density(f_held, (factor * noise80, noise80), weights, y)
+    calibration = HeldOutFit(kept["f_val"].double(), noise80, kept["y_val"].double()).calibration(kept["y_scale"])
+    refit = log_density(f_refit, noise_full, calibration, y)
+    held_out_fit = log_density(f_held, noise80, calibration, y)
     both = torch.logsumexp(torch.stack([refit, held_out_fit]), 0) - math.log(2.0)
-    wider = log_density(f_refit, (factor * noise80, noise80), weights, y)
+    wider = log_density(f_refit, noise80, calibration, y)
     shift = math.log(kept["y_scale"])
     predictives = {"refit": refit, "held_out_fit": held_out_fit, "both": both, "refit_with_held_out_noise": wider}
     entry: dict[str, float] = {name: float(-rows.mean()) + shift for name, rows in predictives.items()}
-    entry |= {"factor": factor, "noise80": noise80 * kept["y_scale"], "noise_full": noise_full * kept["y_scale"]}
+    entry["factor"] = calibration["noise_factor"]
+    entry |= {"noise80": noise80 * kept["y_scale"], "noise_full": noise_full * kept["y_scale"]}
     results[Path(path).stem] = entry
     print(Path(path).stem, json.dumps({name: round(value, 4) for name, value in entry.items()}), flush=True)
 write_atomic(out, json.dumps(dict(sorted(results.items())), indent=1))

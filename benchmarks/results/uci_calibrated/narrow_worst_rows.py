@@ -21,8 +21,8 @@ from typing import NamedTuple
 
 import torch
 
-from pyro_whvi.experiments.noise_calibration import calibrated_noise, keep_weight, noise_factor
-from pyro_whvi.metrics import gaussian_row_nll
+from pyro_whvi.experiments.noise_calibration import HeldOutFit, calibrated_noise
+from pyro_whvi.metrics import gaussian_row_nll, rmse
 from pyro_whvi.train.files import write_atomic
 
 TOP = (1, 3, 10)  # the rows with the largest NLL differences, counted
@@ -42,14 +42,12 @@ def predictive(path: str) -> Predictive:
     """The predictive from a probe's kept samples, calibrated as ``whvi uci --calibrate-noise on`` does."""
     kept = torch.load(path)
     f, y, scale = kept["f_full"].double(), kept["y_test"].double(), kept["y_scale"]
-    factor, *_ = noise_factor(kept["f_val"].double(), kept["noise80"], kept["y_val"].double())
-    learned = torch.tensor(kept["noise_full"], dtype=torch.float64)
-    calibration = {"noise_factor": factor, "learned_noise_weight": keep_weight(len(kept["y_val"]))}
-    noise, weights = calibrated_noise(learned, calibration)
+    calibration = HeldOutFit(kept["f_val"].double(), kept["noise80"], kept["y_val"].double()).calibration(scale)
+    noise, weights = calibrated_noise(torch.tensor(kept["noise_full"], dtype=torch.float64), calibration)
     nll = gaussian_row_nll(f, noise, y, weights) + math.log(scale)
     variance = f.var(0, correction=0) + sum(w * float(s) ** 2 for w, s in zip(weights, noise, strict=True))
-    rmse = float((f.mean(0) - y).pow(2).mean().sqrt()) * scale
-    return Predictive(nll, (f.mean(0) - y) * scale, variance.sqrt() * scale, factor, rmse)
+    error = (f.mean(0) - y) * scale
+    return Predictive(nll, error, variance.sqrt() * scale, calibration["noise_factor"], rmse(f, y) * scale)
 
 
 def main() -> None:
