@@ -28,12 +28,10 @@ def check_uci_memory(config: UCIConfig, sizes: SplitSizes, available: int | None
     """:func:`check_memory` for ``whvi uci``: the costliest method of ``config`` on the largest split ``sizes``
     (:func:`~pyro_whvi.experiments.uci_data.check_source`), in the default dtype; a deep ensemble (``ensemble``)
     holds :data:`~pyro_whvi.experiments.memory_budget.ENSEMBLE_SIZE` networks, one training at a time. With
-    ``config.protocols``, every candidate network and schedule is checked; with ``config.method_protocols``, each
+    ``config.protocols``, every candidate network and schedule is checked, and with ``config.method_protocols`` each
     method's."""
-    if config.protocols:
-        settings = [candidate for _, candidate in config.candidates()]
-    elif config.method_protocols:
-        settings = [config.for_method(method) for method in config.methods]
+    if config.protocols or config.method_protocols:
+        settings = [candidate for method in config.methods for _, candidate in config.for_method(method).candidates()]
     else:
         settings = [config]
     for each in settings:

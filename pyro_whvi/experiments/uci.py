@@ -42,11 +42,12 @@ from ..train.engine import Checkpoint
 from ..train.files import notice
 from ..train.folder_lock import folder_lock
 from .arguments import check_device
+from .auto_narrow import FACTOR_RULE
 from .ensemble import remove_checkpoints
 from .likelihood_choice import NOISE_GAIN_THRESHOLD, check_store, train_choosing_likelihood
 from .memory_checks import check_uci_memory
 from .methods import MethodSpec, parse_method
-from .noise_calibration import HeldOutFit, calibrate_noise, calibrated_noise, calibration_store
+from .noise_calibration import HeldOutFit, calibrate_noise, calibrated_noise, calibration_store, noise_factor
 from .noisy_sets import NOISE_FILE, noise_floor, split_noise_std
 from .reporting import check_writable, save_tables, write_atomic
 from .uci_config import BY_RESIDUALS, ENGINE_VERSION, UCIConfig
@@ -108,7 +109,8 @@ def run_split(
     settings are chosen first (:func:`choose_settings`, its scores kept in ``selection_store``; ``checkpoint`` is
     then kept per choice); the row names the choice (``kl_weight``, ``dropout`` where there are several rates, and
     ``protocol`` with its ``hidden``, ``layers``, ``steps`` and ``lr`` where there are protocols), every candidate's
-    validation score and the seconds the candidates took (counted in ``train_seconds``). A method with the
+    validation score and the seconds the candidates took (counted in ``train_seconds``), and under
+    ``config.choose_by`` ``"noise-factor"`` the ``noise_factors`` of the candidates tried. A method with the
     likelihood ``"by-residuals"`` (regression) is trained by
     :func:`~pyro_whvi.experiments.likelihood_choice.train_choosing_likelihood` (its check kept in
     :func:`~pyro_whvi.experiments.likelihood_choice.check_store`); the row names the ``likelihood`` chosen, the
@@ -137,16 +139,21 @@ def run_split(
     if own.choosing:
         one_scale = data.task == "regression" and own.likelihood_of(spec.name) != BY_RESIDUALS
         on_fit = keep_fit if config.calibrates(spec.name) and one_scale else None
-        label, settings, scores, seconds = choose_settings(source, spec, split, own, selection_store, data, on_fit)
+        factor = (lambda f, noise, y: noise_factor(f, noise, y)[0]) if own.choose_by == FACTOR_RULE else None
+        label, settings, scores, seconds, factors = choose_settings(
+            source, spec, split, own, selection_store, data, on_fit, factor
+        )
         chosen = {"kl_weight": settings.kl_weight, "validation_scores": scores, "selection_seconds": seconds}
+        if factors:  # each candidate tried, in order, until one's was at most 1
+            chosen["noise_factors"] = factors
         if len(own.dropouts) > 1:
             chosen["dropout"] = settings.dropout
-        if config.protocols:  # the label is the protocol's name, then the other parts (UCIConfig.candidates)
+        if own.protocols:  # the label is the protocol's name, then the other parts (UCIConfig.candidates)
             chosen["protocol"] = label.split(":")[0]
             chosen.update(layers=settings.layers, hidden=settings.hidden)
             chosen.update(steps=settings.schedule.steps, lr=settings.schedule.lr)
         if checkpoint is not None:  # a run begun with another choice is not resumed with this one
-            choice = label if config.protocols or len(own.dropouts) > 1 else f"kl{settings.kl_weight!r}"
+            choice = label if own.protocols or len(own.dropouts) > 1 else f"kl{settings.kl_weight!r}"
             checkpoint = replace(checkpoint, key=f"{checkpoint.key}:{choice}")
     calibration: dict[str, Any] = {}
     kept = calibration_store(selection_store) if selection_store is not None else None

@@ -86,6 +86,8 @@ def config_from_arguments(args: argparse.Namespace, dataset: str, train_rows: in
     values = dict(vars(args))
     values["standardize_targets"] = not values.pop("raw_targets")  # the one argument named for its opposite
     values["samples"] = max(2, args.samples)
+    if values.get("choose_by") is None:  # not given: UCIConfig's, or --protocol auto's own
+        values.pop("choose_by", None)
     names = {field.name for field in fields(UCIConfig)} - {"schedule", "hidden", "layers", "progress", "protocol"}
     settings = {name: value for name, value in values.items() if name in names}
     protocol = args.protocol or ((args.preset,) if args.preset else (AUTO_PROTOCOL,))

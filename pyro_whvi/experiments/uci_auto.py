@@ -1,8 +1,9 @@
 """What ``whvi uci``'s protocol and its ``auto`` settings resolve to on a data set: the fields of
 :class:`~.uci_config.UCIConfig` that :meth:`~.uci_config.UCIConfig.from_protocol` builds it from. The rules
 themselves are :mod:`~pyro_whvi.experiments.uci_protocols` (``--protocol auto``, ``--likelihood auto``),
-:mod:`~pyro_whvi.experiments.auto_calibration` (``--calibrate-noise auto``) and
-:mod:`~pyro_whvi.experiments.auto_dropout` (``--dropout auto``)."""
+:mod:`~pyro_whvi.experiments.auto_calibration` (``--calibrate-noise auto``),
+:mod:`~pyro_whvi.experiments.auto_dropout` (``--dropout auto``) and :mod:`~pyro_whvi.experiments.auto_narrow`
+(WHVI's protocol below the threshold)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 
 from .auto_calibration import calibration_fields
 from .auto_dropout import dropout_fields
+from .auto_narrow import factor_rule_fields
 from .methods import Schedule, parse_method
 from .uci_protocols import AUTO_LIKELIHOOD, AUTO_PROTOCOL, protocol_settings, resolve_auto, resolve_likelihood
 
@@ -39,6 +41,11 @@ def protocol_fields(
             raise ValueError(f"--protocol: {AUTO_PROTOCOL} picks one protocol by the rows; give it alone")
         if train_rows is None:
             raise TypeError(f"UCIConfig.from_protocol: {AUTO_PROTOCOL!r} needs train_rows")
+        if "choose_by" in fields:
+            raise ValueError(
+                f"--choose-by: how a split chooses among several --protocol; {AUTO_PROTOCOL} chooses its own (drop "
+                "--choose-by, or name the protocols, e.g. --protocol narrow,table3)"
+            )
         run, own, shown = resolve_auto(train_rows, {method: base for method, (base, _) in bases.items()})
         names = (run,)
         fields["method_protocols"] = tuple(
@@ -56,8 +63,13 @@ def protocol_fields(
     if isinstance(fields.get("dropout"), str):  # whvi uci's --dropout auto
         base_names = tuple(base for base, _ in bases.values())
         fields.update(dropout_fields(fields["dropout"], label, train_rows, base_names, fields["nproc"]))
+    if label == AUTO_PROTOCOL:  # WHVI's protocol below the threshold, chosen by its calibrated noise's factor
+        assert train_rows is not None
+        rule, note = factor_rule_fields(train_rows, dataset, overrides, bases, fields)
+        fields, shown = {**fields, **rule}, shown + note
     fields.setdefault("protocol", shown)
-    candidates = [{"name": each, **protocol_settings(each, dataset, **overrides)} for each in names]
+    given = list(fields.pop("protocols", ()))
+    candidates = given or [{"name": each, **protocol_settings(each, dataset, **overrides)} for each in names]
     if len(candidates) > 1:
         fields["protocols"] = tuple(candidates)
     protocol = candidates[0]

@@ -8,6 +8,7 @@ from typing import Any
 
 from ..train.schedule import shard_size
 from .auto_calibration import check_calibrations
+from .auto_narrow import SCORE_RULE, check_choice_rule
 from .methods import Schedule, parse_method
 from .uci_auto import protocol_fields
 from .uci_fingerprint import ENGINE_VERSION, settings_fingerprint
@@ -100,6 +101,11 @@ class UCIConfig:
     gives a method the other setting (:meth:`calibrates`), as ``--calibrate-noise auto`` resolves
     (:func:`~pyro_whvi.experiments.auto_calibration.auto_calibration`).
 
+    ``choose_by``: how a split chooses among the candidates, ``"score"`` (the lowest validation score) or, among
+    ``protocols``, ``"noise-factor"``: the first whose calibrated noise factor on the held-out rows is at most 1, else
+    the last, the later ones not trained (:mod:`~pyro_whvi.experiments.auto_narrow`; the methods that choose need
+    their noise calibrated with one noise scale). ``method_protocols`` takes a method out of the choice.
+
     ``dropout``: MC dropout's rate (``mcd`` alone). Several rates (a tuple) are candidates for ``mcd``, chosen per
     split on held-out rows as the KL weights are and jointly with them, as Gal's updated UCI results choose theirs
     (from 0.005, 0.01, 0.05 and 0.1, what ``whvi uci``'s default, ``--dropout auto``, gives under ``--protocol auto``
@@ -133,6 +139,7 @@ class UCIConfig:
     method_protocols: tuple[tuple[str, dict[str, Any]], ...] = ()
     calibrate_noise: bool = False
     method_calibrations: tuple[tuple[str, bool], ...] = ()
+    choose_by: str = SCORE_RULE
 
     def __post_init__(self) -> None:
         # Each method and split once: a repeated one would be read back and counted as another split.
@@ -171,6 +178,9 @@ class UCIConfig:
             raise ValueError(f"UCIConfig: {what} runs in one process; give nproc 1{fix}")
         object.__setattr__(self, "method_likelihoods", tuple((str(m), str(v)) for m, v in self.method_likelihoods))
         check_likelihoods(self.likelihood, self.method_likelihoods, self.methods)
+        own = dict(self.method_protocols)  # the others choose among the protocols
+        choosers = {m: (self.calibrates(m), self.likelihood_of(m)) for m in self.methods if m not in own}
+        check_choice_rule(self.choose_by, len(self.protocols), choosers)
         heads = [m for m in self.methods if self.likelihood_of(m) in ("heteroscedastic", BY_RESIDUALS)]
         with_iblm = [method for method in heads if parse_method(method).iblm]
         if with_iblm:
@@ -215,12 +225,16 @@ class UCIConfig:
         """These settings as ``method`` trains with them, alone: its likelihood as ``likelihood``, its network and
         schedule from ``method_protocols``, its calibration as ``calibrate_noise``, and the first of the dropout rates
         unless it is ``mcd``, the one method they apply to."""
-        network = self._network(dict(self.method_protocols).get(method))
-        own = replace(self, method_protocols=(), calibrate_noise=self.calibrates(method), method_calibrations=())
+        protocol = dict(self.method_protocols).get(method)
+        own: dict[str, Any] = dict(
+            methods=(method,), method_protocols=(), method_calibrations=(), method_likelihoods=()
+        )
+        own.update(calibrate_noise=self.calibrates(method), likelihood=self.likelihood_of(method))
+        if protocol is not None:  # its own network and schedule, not the run's candidates
+            own.update(protocols=(), choose_by=SCORE_RULE, **self._network(protocol))
         if parse_method(method).base != "mcd":
-            own = replace(own, dropout=self.dropouts[0])
-        own = replace(own, **network)
-        return replace(own, methods=(method,), likelihood=self.likelihood_of(method), method_likelihoods=())
+            own["dropout"] = self.dropouts[0]
+        return replace(self, **own)
 
     def _network(self, protocol: dict[str, Any] | None) -> dict[str, Any]:
         """The fields that give these settings ``protocol``'s network and schedule (none for ``None``)."""
@@ -249,7 +263,10 @@ class UCIConfig:
         for protocol in self.protocols or (None,):
             for weight in self.kl_weights:
                 for rate in self.dropouts:
-                    settings = replace(self, kl_weight=weight, dropout=rate, protocols=(), **self._network(protocol))
+                    network = self._network(protocol)
+                    settings = replace(
+                        self, kl_weight=weight, dropout=rate, protocols=(), choose_by=SCORE_RULE, **network
+                    )
                     parts = [protocol["name"]] if protocol is not None else []
                     if len(self.kl_weights) > 1:
                         parts.append(f"kl{weight!r}" if parts or len(self.dropouts) > 1 else repr(weight))

@@ -8,6 +8,7 @@ import hashlib
 import json
 from typing import Any
 
+from .auto_narrow import SCORE_RULE
 from .uci_protocols import BY_RESIDUALS
 
 __all__ = ["ENGINE_VERSION", "METHOD_VERSIONS", "settings_fingerprint"]
@@ -32,6 +33,7 @@ _LATER_SETTINGS = dict(
     method_protocols=(),
     calibrate_noise=False,
     method_calibrations=(),
+    choose_by=SCORE_RULE,
 )
 _LATER_SCHEDULE_SETTINGS = {"cooldown": 0.0}
 # What ``calibrate_noise`` does, fingerprinted in its place when set. 1 (stored as ``true``): the noise scaled alone;

@@ -43,10 +43,10 @@ __all__ = [
 #:   for protein), the same schedule.
 #: * ``narrow``: Table 3's network and steps at ``wide``'s learning rate, Adam 3e-3. On the four small UCI sets it
 #:   ends at a better ELBO on 20 of 20 splits and a lower test MNLL on 17 (yacht 0.825, against ``table3``'s 1.228);
-#:   on small synthetic sets with low noise it can end overconfident (hartmann6, 700 rows: 1.3 nats worse), so
-#:   ``auto`` keeps ``table3`` (``benchmarks/results/uci_small_variants/README.md``, "Where the ELBO goes on"). With
-#:   the calibration it is higher on 5 of 10 synthetic splits of 700-1,000 rows, and a choice on the calibrated
-#:   held-out MNLL was right on 4 of the 10 (``benchmarks/results/uci_calibrated/README.md``).
+#:   on small synthetic sets with low noise it can end overconfident (hartmann6, 700 rows: 1.3 nats worse)
+#:   (``benchmarks/results/uci_small_variants/README.md``, "Where the ELBO goes on"), so ``auto`` gives it to WHVI
+#:   below :data:`AUTO_WIDE_FROM_ROWS` only where its calibrated noise factor on held-out rows says it is not
+#:   (:mod:`~pyro_whvi.experiments.auto_narrow`).
 #: * ``wide``: 2 hidden layers of 1024, Adam 3e-3, 50,500 steps. A WHVI layer of width D has 3D variational
 #:   parameters where a dense layer has D^2 (on 6 inputs 10,498 against the 128-unit one's 1,410), and a step costs
 #:   1.2x the 128-unit one (O(D log D)). For larger data sets (``docs/results/larger-data.md``).
@@ -99,7 +99,9 @@ def _units(name: str) -> int:
 
 def auto_protocol(train_rows: int, base: str = "whvi") -> str:
     """The protocol ``--protocol auto`` trains the method ``base`` with on ``train_rows`` training rows: ``table3``
-    below :data:`AUTO_WIDE_FROM_ROWS`; from it ``wide`` for the methods of :data:`WIDE_METHODS`, ``deep`` from
+    below :data:`AUTO_WIDE_FROM_ROWS` (for WHVI with its noise calibrated there, ``narrow`` or ``table3`` by its
+    noise factor: :func:`~pyro_whvi.experiments.auto_narrow.factor_rule_fields`); from it ``wide`` for the methods
+    of :data:`WIDE_METHODS`, ``deep`` from
     :data:`AUTO_DEEP_FROM_ROWS` for those of :data:`DEEP_METHODS`; ``table3`` for the others. It costs one run,
     where choosing on held-out rows (``--protocol table3,wide``) costs about three and chose no better on the splits
     measured."""
@@ -172,17 +174,17 @@ def check_method_protocols(
     method_protocols: tuple[tuple[str, dict], ...], methods: tuple[str, ...], protocols: tuple[dict, ...]
 ) -> None:
     """Raise a :class:`ValueError` naming what is wrong unless each of ``method_protocols`` (pairs ``(method,
-    protocol)``) names one of ``methods`` and passes :func:`check_protocol`, and no ``protocols`` (candidates chosen
-    on held-out rows) are given with them."""
+    protocol)``) names one of ``methods`` and passes :func:`check_protocol`, and some method is left to choose among
+    ``protocols`` (candidates chosen on held-out rows) where there are any."""
     for owner, protocol in method_protocols:
         if owner not in methods:
             raise ValueError(f"UCIConfig: method_protocols names {owner!r}, which is not in methods {methods}.")
-        if protocols:
-            raise ValueError(
-                f"UCIConfig: method_protocols ({owner!r}) cannot be combined with protocols (candidates chosen on "
-                "held-out rows); give one or the other."
-            )
         check_protocol(protocol)
+    if protocols and len(dict(method_protocols)) == len(methods):
+        raise ValueError(
+            "UCIConfig: method_protocols gives every method its own protocol, so none chooses among protocols (the "
+            "candidates); drop protocols, or one method's entry."
+        )
 
 
 def protocol_settings(name: str, dataset: str, **overrides: int | float | None) -> dict:

@@ -18,6 +18,7 @@ from ..metrics import (
     predictive_entropy,
     rmse,
 )
+from .auto_narrow import SCORE_RULE
 from .methods import parse_method
 from .noisy_sets import noise_floor
 from .reporting import draw_reliability, summarize_by, write_atomic
@@ -121,19 +122,29 @@ def summary_table(name: str, summary: list[dict[str, Any]], config: UCIConfig) -
         rates = ", ".join(f"{rate:g}" for rate in config.dropouts)
         several = len(config.dropouts) > 1
         tempered += f", MC dropout's rate chosen from {rates} {held_out}" if several else f", MC dropout rate {rates}"
-    cooldown = f" cooled down over the last {schedule.cooldown * 100:g}% of steps" if schedule.cooldown else ""
+    cooldown = _cooled(schedule.cooldown)
     device = f", trained on {config.device}" if config.device != "cpu" else ""
     network = f"{config.layers}x{config.hidden} ReLU, {schedule.steps} steps{noise}, batch {schedule.batch_size}, "
     network += f"lr {schedule.lr:g}"
-    if config.protocol:
-        network = f"protocol {config.protocol}, {network}"
     if config.protocols:
         choices = ", ".join(
-            f"{p['name']} ({p['layers']}x{p['hidden']}, {p['steps']} steps, lr {p['lr']:g})" for p in config.protocols
+            f"{p['name']} ({p['layers']}x{p['hidden']}, {p['steps']} steps, lr {p['lr']:g}{_cooled(p['cooldown'])})"
+            for p in config.protocols
         )
-        network = f"ReLU, protocol chosen per split from {choices} {held_out}"
+        cooldown = ""  # each candidate's own
+        rule = (
+            " (the first whose noise factor there is at most 1, else the last)"
+            if config.choose_by != SCORE_RULE
+            else ""
+        )
+        network = f"ReLU, protocol chosen per split from {choices} {held_out}{rule}"
+        network += "".join(f"; {p['name']} for {m}" for m, p in config.method_protocols if not config.protocol)
         network += f"; noise fixed for the first {fixed} steps" if noise else ""
         network += f", batch {schedule.batch_size}"
+    if config.protocol:
+        network = (
+            f"protocol {config.protocol}; {network}" if config.protocols else f"protocol {config.protocol}, {network}"
+        )
     lines = [
         f"### {name}: {network}{cooldown}, {config.samples} test samples{targets}{tempered}"
         f"{device}; mean ± standard error over splits",
@@ -147,6 +158,10 @@ def summary_table(name: str, summary: list[dict[str, Any]], config: UCIConfig) -
         cells = " | ".join(f"{e[m]:.3f} ± {e[m + '_se']:.3f}" for m in metrics)
         lines.append(f"| {e['method']} | {e['splits']} | {e['parameters']:,} | {cells} | {e['train_seconds']:.0f} |")
     return "\n".join(lines)
+
+
+def _cooled(cooldown: float) -> str:
+    return f" cooled down over the last {cooldown * 100:g}% of steps" if cooldown else ""
 
 
 def with_floor(row: dict[str, Any], sigma) -> dict[str, Any]:
@@ -188,7 +203,9 @@ def plot_reliability(path: Path, reliability: dict[str, list]) -> None:
 def _choice(row: dict[str, Any], config: UCIConfig) -> str:
     weight = f"{row['kl_weight']:g}" if len(config.kl_weights) > 1 else ""
     rate = f"dropout {row['dropout']:g}" if "dropout" in row else ""
-    return " ".join(filter(None, [row.get("protocol", "") if config.protocols else "", weight, rate]))
+    tried = row.get("noise_factors", {})  # under choose_by "noise-factor": each candidate tried and its factor
+    factors = f"({', '.join(f'{label} {factor:.3g}' for label, factor in tried.items())})" if tried else ""
+    return " ".join(filter(None, [row.get("protocol", "") if config.protocols else "", weight, rate, factors]))
 
 
 def _per_method(rows: list[dict[str, Any]], methods: tuple[str, ...], key: str, shown) -> str:

@@ -20,6 +20,7 @@ from ..train.checkpoints import resumed_seconds
 from ..train.engine import Checkpoint
 from ..train.files import notice
 from ..train.selection import holdout, select_best
+from .auto_narrow import FACTOR_RULE
 from .ensemble import EnsembleGuide, remove_checkpoints, resumed_member_seconds
 from .methods import MethodSpec, build_method, fit, predictive_sites
 from .reporting import write_atomic
@@ -72,11 +73,6 @@ def train_split(
     :param validation: ``data`` is such a fit part (the progress bar says so).
     :param candidate: the label of the candidate these settings are (:meth:`UCIConfig.candidates`), for the
         progress bar."""
-    if config.protocols:
-        raise ValueError(
-            f"train_split: config.protocols holds {len(config.protocols)} candidates; pass the settings of one "
-            "(config.candidates(); choose_settings chooses one)"
-        )
     if kl_weight is None:
         if len(config.kl_weights) > 1:
             raise ValueError(
@@ -85,6 +81,11 @@ def train_split(
             )
         kl_weight = config.kl_weights[0]
     config = config.for_method(spec.name)  # its likelihood, network and schedule (UCIConfig.method_protocols)
+    if config.protocols:
+        raise ValueError(
+            f"train_split: config.protocols holds {len(config.protocols)} candidates for {spec.name}; pass the "
+            "settings of one (config.candidates(); choose_settings chooses one)"
+        )
     if len(config.dropouts) > 1:
         raise ValueError(
             f"train_split: config.dropout holds {len(config.dropouts)} candidates for {spec.name}; pass the settings "
@@ -202,10 +203,12 @@ def choose_settings(
     store: Path | None = None,
     data: UCIData | None = None,
     on_fit: Callable[[str, torch.Tensor, torch.Tensor | None, torch.Tensor], None] | None = None,
-) -> tuple[str, UCIConfig, dict[str, float], float]:
+    factor: Callable[[torch.Tensor, torch.Tensor | None, torch.Tensor], float] | None = None,
+) -> tuple[str, UCIConfig, dict[str, float], float, dict[str, float]]:
     """Train ``spec`` with each of ``config``'s candidates (:meth:`UCIConfig.candidates`: KL weights, protocols)
     on the fit part of split ``split``'s training rows (:func:`validation_part`) and score it on the rest: test
-    MNLL for regression, NLL for classification.
+    MNLL for regression, NLL for classification. Under ``config.choose_by`` ``"noise-factor"`` they are trained in
+    order until one's noise ``factor`` is at most 1 (:mod:`~pyro_whvi.experiments.auto_narrow`).
 
     :param store: a JSON file that keeps each finished candidate's score and seconds (and, while it trains, a
         checkpoint next to it), so that a rerun with the same settings does not train it again.
@@ -213,9 +216,15 @@ def choose_settings(
     :param on_fit: called with each candidate's label and its predictive on the held-out rows (samples of f, the
         noise, the rows' targets) as it is trained, not where its score is read back from ``store``
         (:func:`~.uci.run_split` keeps the chosen one's to calibrate the noise without training it again).
-    :returns: the best candidate's label and settings (the lowest score; ties: the first given; a NaN score
-        never wins), every candidate's score by label, and the seconds their training took.
+    :param factor: a candidate's calibrated noise factor from its predictive on the held-out rows (samples of f, the
+        noise, the targets: :func:`~.noise_calibration.noise_factor`'s first), which ``"noise-factor"`` needs.
+    :returns: the chosen candidate's label and settings (the lowest score, ties: the first given, a NaN score never
+        wins; under ``"noise-factor"`` the first whose factor is at most 1, else the last), the score of every
+        candidate trained by label, the seconds their training took, and under ``"noise-factor"`` their factors.
     """
+    by_factor = config.choose_by == FACTOR_RULE
+    if by_factor and factor is None:
+        raise TypeError(f"choose_settings: config.choose_by {FACTOR_RULE!r} needs factor (the noise's, per candidate)")
     if data is None:
         data = load_dataset_split(source, split, standardize_targets=config.standardize_targets)
     part = validation_part(data, config.val_fraction, config.seed + split)
@@ -223,7 +232,7 @@ def choose_settings(
     saved = read_saved(store, "scores") if store is not None else {}
     if saved.get("fingerprint") != fingerprint:
         saved = {"fingerprint": fingerprint, "scores": {}, "seconds": {}}
-    scores, seconds = saved["scores"], saved.setdefault("seconds", {})
+    scores, seconds, factors = saved["scores"], saved.setdefault("seconds", {}), saved.setdefault("factors", {})
     metric = "mnll" if data.task == "regression" else "nll"
     candidates = config.candidates()
 
@@ -239,6 +248,9 @@ def choose_settings(
             )
             f, noise = predict_split(trained, part.x_test, settings)
             scores[label], seconds[label] = evaluate(part, f, noise)[metric], trained.seconds
+            if by_factor:
+                assert factor is not None
+                factors[label] = factor(f, noise, part.y_test)
             if on_fit is not None:
                 on_fit(label, f, noise, part.y_test)
             if store is not None:
@@ -247,10 +259,22 @@ def choose_settings(
                     remove_checkpoints(checkpoint.path)  # and an ensemble's members'
         return (scores[label],)
 
-    # Lower MNLL/NLL is better: select_best maximizes the negated score (ties: the first candidate given).
-    _, (label, settings), *_ = select_best(candidates, fit, score=lambda result: -result[0])
-    labels = [each for each, _ in candidates]
-    return label, settings, {each: scores[each] for each in labels}, sum(seconds.get(each, 0.0) for each in labels)
+    if by_factor:
+        for label, settings in candidates:  # the last is kept where no factor is at most 1
+            fit((label, settings))
+            if factors[label] <= 1.0:
+                break
+    else:  # lower MNLL/NLL is better: select_best maximizes the negated score (ties: the first candidate given)
+        _, (label, settings), *_ = select_best(candidates, fit, score=lambda result: -result[0])
+    labels = [each for each, _ in candidates if each in scores]
+    kept = {each: factors[each] for each in labels} if by_factor else {}
+    return (
+        label,
+        settings,
+        {each: scores[each] for each in labels},
+        sum(seconds.get(each, 0.0) for each in labels),
+        kept,
+    )
 
 
 def _file_label(label: str) -> str:

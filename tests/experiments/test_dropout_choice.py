@@ -41,9 +41,10 @@ def test_dropout_rates_are_candidates_for_mc_dropout_alone(tmp_path):
         trained = uci.train_split("diabetes", mcd, 0, alone, data=part)
         expected[f"dropout{rate!r}"] = evaluate(part, *predict_split(trained, part.x_test, alone))["mnll"]
     assert abs(expected["dropout0.005"] - expected["dropout0.3"]) > 1e-3
-    label, settings, scores, _ = uci.choose_settings("diabetes", mcd, 0, config.for_method("mcd"), None, data)
+    label, settings, scores, _, factors = uci.choose_settings("diabetes", mcd, 0, config.for_method("mcd"), None, data)
     assert scores == pytest.approx(expected, rel=1e-6)
     assert label == min(expected, key=expected.__getitem__) == f"dropout{settings.dropout!r}"
+    assert factors == {}  # choose_by 'score': no noise factors
     best = settings.dropout
     # The run: mcd's row names the rate and every candidate's score, and its fit is the chosen rate's own run.
     run_uci("diabetes", config, tmp_path / "chosen")

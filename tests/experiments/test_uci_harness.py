@@ -207,7 +207,8 @@ def test_several_kl_weights_are_chosen_on_validation_rows_then_trained_on_all(tm
         expected[repr(weight)] = evaluate(part, f, trained.model.noise_scale.detach())["mnll"]
     assert abs(expected["1.0"] - expected["0.01"]) > 1e-3  # the weight matters here: the choice is not a tie
     store = tmp_path / "split0.validation.json"
-    label, settings, scores, _ = uci.choose_settings("diabetes", mfg, 0, config, store)
+    label, settings, scores, _, factors = uci.choose_settings("diabetes", mfg, 0, config, store)
+    assert factors == {}  # choose_by 'score': no noise factors
     best = settings.kl_weight
     assert scores == pytest.approx(expected, rel=1e-6)
     assert label == repr(best) == min(expected, key=expected.__getitem__)
@@ -238,7 +239,9 @@ def test_several_kl_weights_are_chosen_on_validation_rows_then_trained_on_all(tm
     assert f"KL weight chosen per split on validation: mfg: {best:g}" in text
     # A chosen weight that is not the first is the one the split trains with.
     other = 1.0 if best == 0.01 else 0.01
-    monkeypatch.setattr(uci, "choose_settings", lambda *args: (repr(other), replace(config, kl_weight=other), {}, 0.0))
+    monkeypatch.setattr(
+        uci, "choose_settings", lambda *args: (repr(other), replace(config, kl_weight=other), {}, 0.0, {})
+    )
     row = uci.run_split("diabetes", mfg, 0, config)[0]
     assert row["kl_weight"] == other and row["final_loss"] == pytest.approx(sum(losses[other]) / 20, rel=1e-6)
     # One weight is a number, with the fingerprint it had before candidates existed; several need one process.
@@ -292,7 +295,7 @@ def test_several_protocols_are_chosen_per_split_on_validation_rows(tmp_path, mon
         f = predictive_samples(trained.model, trained.guide, part.x_test, settings.samples)
         expected[label] = evaluate(part, f, trained.model.noise_scale.detach())["mnll"]
     store = tmp_path / "split0.validation.json"
-    label, settings, scores, seconds = uci.choose_settings("diabetes", mfg, 0, config, store)
+    label, settings, scores, seconds, _ = uci.choose_settings("diabetes", mfg, 0, config, store)
     assert scores == pytest.approx(expected, rel=1e-6) and label == min(expected, key=expected.__getitem__)
     assert settings == candidates[label] and seconds > 0
     # The stored scores decide without training; the one chosen, first or not, is what the split trains with.
@@ -305,7 +308,7 @@ def test_several_protocols_are_chosen_per_split_on_validation_rows(tmp_path, mon
     with pytest.raises(ValueError, match=r"config\.protocols holds 2 candidates"):
         uci.train_split("diabetes", mfg, 0, config)
     for winner in ("table6", "table3"):
-        monkeypatch.setattr(uci, "choose_settings", lambda *args, w=winner: (w, candidates[w], {}, 0.0))
+        monkeypatch.setattr(uci, "choose_settings", lambda *args, w=winner: (w, candidates[w], {}, 0.0, {}))
         row = uci.run_split("diabetes", mfg, 0, config)[0]
         trained = uci.train_split("diabetes", mfg, 0, candidates[winner])
         assert row["protocol"] == winner and row["hidden"] == candidates[winner].hidden
@@ -415,7 +418,7 @@ def test_auto_protocol_picks_table3_or_a_larger_network_by_the_training_rows(tmp
     table3 = dict(default.method_protocols)["mcd"]
     with pytest.raises(ValueError, match=r"method_protocols names 'vsd', which is not in methods \('mcd', 'whvi'\)"):
         UCIConfig(methods=("mcd", "whvi"), method_protocols=(("vsd", table3),))
-    with pytest.raises(ValueError, match="cannot be combined with protocols"):
+    with pytest.raises(ValueError, match="gives every method its own protocol, so none chooses among protocols"):
         UCIConfig(methods=("mcd",), method_protocols=(("mcd", table3),), protocols=({**table3, "name": "a"},))
     with pytest.raises(ValueError, match="each protocol needs exactly the keys"):
         UCIConfig(methods=("mcd",), method_protocols=(("mcd", {"hidden": 3}),))
@@ -766,7 +769,8 @@ def test_device_flag_cpu_is_the_default_bit_for_bit_and_keeps_stored_results_val
             for run in ("default", "cpu")
         )
         assert default["fingerprint"] == cpu["fingerprint"]
-        drop = ("train_seconds", "calibration_seconds")  # WHVI's noise is calibrated (--calibrate-noise auto)
+        # WHVI's noise is calibrated (--calibrate-noise auto) and its protocol chosen on the held-out rows
+        drop = ("train_seconds", "calibration_seconds", "selection_seconds")
         assert {k: v for k, v in default["row"].items() if k not in drop} == {
             k: v for k, v in cpu["row"].items() if k not in drop
         }
@@ -805,10 +809,13 @@ def test_the_compiled_elbo_is_the_default_and_eager_its_own_fingerprint(tmp_path
     args = ["uci", "--dataset", "diabetes", "--methods", "whvi,ensemble", "--splits", "0", "--steps", "5"]
     args += ["--samples", "4", "--hidden", "8"]
     assert main([*args, "--out", str(tmp_path / "jit")]) == 0
-    # WHVI's held-out fit and its fit on all the rows (its noise calibrated by default), the ensemble's five networks
-    assert len(compiled) == 2 + 5
+    # WHVI's held-out fits (its protocol chosen by their noise factors: narrow's, then table3's where narrow's is
+    # above 1), its fit on all the rows, the ensemble's five networks
+    row = json.loads((tmp_path / "jit" / "runs" / "diabetes" / "whvi" / "split0.json").read_text())["row"]
+    fits = len(row["noise_factors"]) + 1
+    assert fits in (2, 3) and len(compiled) == fits + 5
     assert main([*args, "--eager", "--out", str(tmp_path / "eager")]) == 0
-    assert len(compiled) == 7
+    assert len(compiled) == fits + 5
     for method in ("whvi", "ensemble"):
         jit, eager = (
             json.loads((tmp_path / run / "runs" / "diabetes" / method / "split0.json").read_text())
