@@ -18,12 +18,12 @@ Measured (``benchmarks/results/uci_calibrated/README.md``, "The factor rule on f
 the ten synthetic splits it was read off −0.019 ± 0.013; on ten fresh synthetic splits of 500-2,500 rows, with a bar
 committed before they ran, −0.016 ± 0.012 and never higher (``narrow`` alone −0.055, the choice on the held-out MNLL
 −0.056); on five more hartmann6 splits at σ 0.05, where ``narrow`` fails (+0.16 to +1.10 nats), it kept ``table3`` on
-four and missed one (+0.099 at 500 rows). The cost: ``narrow``'s held-out fit is the calibration's, so where :math:`c
-\le 1` a split trains two fits as before, and three where :math:`c > 1`: 1.10 times the fits of ``table3`` with the
-calibration on the first five splits of yacht, energy and Boston, 1.24 over the four sets' 35 splits, 1.33-1.41 times
-its seconds on the synthetic checks. Made with the default command (``benchmarks/results/uci_calibrated/README.md``,
-"The factor rule as the default"), each split's row is its chosen protocol's own calibrated run: yacht 0.534, energy
-0.636 and Boston 2.454 over their first five splits.
+four and missed one (+0.099 at 500 rows). The cost: ``narrow``'s held-out fit is the calibration's, so where
+:math:`c \le 1` a split trains two fits as before, and three where :math:`c > 1`: 1.10 times the fits of ``table3``
+with the calibration on the first five splits of yacht, energy and Boston, 1.24 over the four sets' 35 splits,
+1.33-1.41 times its seconds on the synthetic checks. Made with the default command
+(``benchmarks/results/uci_calibrated/README.md``, "The factor rule as the default"), each split's row is its chosen
+protocol's own calibrated run: yacht 0.534, energy 0.636 and Boston 2.454 over their first five splits.
 """
 
 from __future__ import annotations
