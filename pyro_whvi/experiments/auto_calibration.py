@@ -54,8 +54,7 @@ def auto_calibration(
     """Whether ``--calibrate-noise auto`` calibrates the noise of the method ``base`` (``+iblm`` when ``iblm``) on
     ``train_rows`` training rows under ``protocol`` with ``likelihood``: under ``--protocol auto``, for the methods of
     :data:`CALIBRATED_METHODS` without I-BLM, in one process (``nproc`` 1: the held-out fit is not data-parallel),
-    below :data:`AUTO_WIDE_FROM_ROWS` training rows (where it trains Table 3's network with one noise scale, for WHVI
-    at the rate its calibrated factor chooses: :mod:`~pyro_whvi.experiments.auto_narrow`), and from
+    below :data:`AUTO_WIDE_FROM_ROWS` training rows (where it trains Table 3's network with one noise scale), and from
     there for :data:`HEAD_CALIBRATED_METHODS` under the likelihood :data:`~.uci_protocols.BY_RESIDUALS`
     (``--likelihood auto``'s there), which calibrates where a split chooses the mean-variance head or keeps one noise
     scale with a spread share of :data:`SPREAD_SHARE_THRESHOLD` or more. A fixed ``protocol`` (``--protocol

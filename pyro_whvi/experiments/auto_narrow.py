@@ -1,8 +1,10 @@
-r"""The rule by which ``whvi uci --protocol auto``, the command's default, trains WHVI below
-:data:`~.uci_protocols.AUTO_WIDE_FROM_ROWS` training rows: Table 3's network at Adam 3e-3 (``narrow``) where its noise
-factor on the held-out rows is at most 1, else the paper's Adam 1e-3 (``table3``). :class:`~.uci_config.UCIConfig`
+r"""The factor rule, ``whvi uci --choose-by noise-factor`` (with ``--protocol auto``, WHVI below
+:data:`~.uci_protocols.AUTO_WIDE_FROM_ROWS` training rows): Table 3's network at Adam 3e-3 (``narrow``) where its
+noise factor on the held-out rows is at most 1, else the paper's Adam 1e-3 (``table3``). :class:`~.uci_config.UCIConfig`
 holds what it resolves to: the two as ``protocols``, chosen by :data:`FACTOR_RULE` (``choose_by``), and ``table3``
-for the run's other methods (``method_protocols``).
+for the run's other methods (``method_protocols``). **Not the default**: it was for part of 2026-12-07, until a check
+planned before Boston's splits 5-19 ran found it higher than ``table3`` on every split where it chose ``narrow``
+(``benchmarks/results/uci_calibrated/README.md``, "The factor rule as the default").
 
 Below a few thousand rows Adam 1e-3 leaves WHVI's ELBO unconverged at the paper's 50,500 steps, and ``narrow`` ends
 at a better ELBO on 20 of 20 splits of the four small UCI sets; but on synthetic sets with low noise it can end
@@ -21,7 +23,7 @@ committed before they ran, −0.016 ± 0.012 and never higher (``narrow`` alone 
 four and missed one (+0.099 at 500 rows). The cost: ``narrow``'s held-out fit is the calibration's, so where
 :math:`c \le 1` a split trains two fits as before, and three where :math:`c > 1`: 1.10 times the fits of ``table3``
 with the calibration on the first five splits of yacht, energy and Boston, 1.24 over the four sets' 35 splits,
-1.33-1.41 times its seconds on the synthetic checks. Made with the default command
+1.33-1.41 times its seconds on the synthetic checks. Made with the command (the default then)
 (``benchmarks/results/uci_calibrated/README.md``, "The factor rule as the default"), each split's row is its chosen
 protocol's own calibrated run: yacht 0.534, energy 0.636 and Boston 2.454 over their first five splits.
 """

@@ -11,7 +11,7 @@ from typing import Any
 
 from .auto_calibration import calibration_fields
 from .auto_dropout import dropout_fields
-from .auto_narrow import factor_rule_fields
+from .auto_narrow import FACTOR_RULE, SCORE_RULE, factor_rule_fields
 from .methods import Schedule, parse_method
 from .uci_protocols import AUTO_LIKELIHOOD, AUTO_PROTOCOL, protocol_settings, resolve_auto, resolve_likelihood
 
@@ -34,6 +34,7 @@ def protocol_fields(
     ``overrides`` (``layers``, ``hidden``, ``steps``, ``lr``, ``cooldown``; ``None``: the protocol's), the
     candidates' where there are several names, and the header's ``protocol`` label unless given."""
     fields = dict(fields)
+    by_factor = False
     label = shown = names[0] if len(names) == 1 else ""
     bases = {spec.name: (spec.base, spec.iblm) for spec in map(parse_method, fields["methods"])}
     if AUTO_PROTOCOL in names:
@@ -41,11 +42,7 @@ def protocol_fields(
             raise ValueError(f"--protocol: {AUTO_PROTOCOL} picks one protocol by the rows; give it alone")
         if train_rows is None:
             raise TypeError(f"UCIConfig.from_protocol: {AUTO_PROTOCOL!r} needs train_rows")
-        if "choose_by" in fields:
-            raise ValueError(
-                f"--choose-by: how a split chooses among several --protocol; {AUTO_PROTOCOL} chooses its own (drop "
-                "--choose-by, or name the protocols, e.g. --protocol narrow,table3)"
-            )
+        by_factor = fields.pop("choose_by", SCORE_RULE) == FACTOR_RULE  # --choose-by noise-factor: the opt-in rule
         run, own, shown = resolve_auto(train_rows, {method: base for method, (base, _) in bases.items()})
         names = (run,)
         fields["method_protocols"] = tuple(
@@ -63,7 +60,7 @@ def protocol_fields(
     if isinstance(fields.get("dropout"), str):  # whvi uci's --dropout auto
         base_names = tuple(base for base, _ in bases.values())
         fields.update(dropout_fields(fields["dropout"], label, train_rows, base_names, fields["nproc"]))
-    if label == AUTO_PROTOCOL:  # WHVI's protocol below the threshold, chosen by its calibrated noise's factor
+    if label == AUTO_PROTOCOL and by_factor:  # WHVI's protocol below the threshold by its calibrated noise's factor
         assert train_rows is not None
         rule, note = factor_rule_fields(train_rows, dataset, overrides, bases, fields)
         fields, shown = {**fields, **rule}, shown + note

@@ -48,8 +48,7 @@ def add_uci_command(commands) -> None:
             + " (deep ensembles: 5 networks with mean-variance heads, each trained on its own under the same schedule, "
             "predicting as their mixture; Lakshminarayanan et al. 2017). The schedule is the WHVI paper's (App. D.1: "
             "50,500 steps, batch 64, Adam decayed, noise fixed for 500 steps); the network by default (--protocol "
-            f"auto) its Table 3's 2x128 ReLU at lr 1e-3 below {AUTO_WIDE_FROM_ROWS:,} training rows (for whvi at lr "
-            "3e-3 where its calibrated noise factor on held-out rows is at most 1), for whvi 2x1024 "
+            f"auto) its Table 3's 2x128 ReLU at lr 1e-3 below {AUTO_WIDE_FROM_ROWS:,} training rows, for whvi 2x1024 "
             "at lr 3e-3 from them, with one noise scale or a mean-variance head chosen per split on the training "
             f"residuals (--likelihood auto), 3x1024 cooled down over the last 20% of the steps from "
             f"{AUTO_DEEP_FROM_ROWS:,}."
@@ -86,9 +85,9 @@ def add_uci_command(commands) -> None:
         "--protocol",
         type=protocol_names,
         metavar="{" + ",".join((AUTO_PROTOCOL, *UCI_PROTOCOLS)) + "}[,...]",
-        help=f"{AUTO_PROTOCOL} (the default): table3 below {AUTO_WIDE_FROM_ROWS:,} training rows (for whvi with its "
-        "noise calibrated there narrow where its held-out noise factor is at most 1, else table3: --choose-by), "
-        "from it wide for "
+        help=f"{AUTO_PROTOCOL} (the default): table3 below {AUTO_WIDE_FROM_ROWS:,} training rows (with --choose-by "
+        "noise-factor for whvi with its noise calibrated narrow where its held-out noise factor is at most 1, else "
+        "table3), from it wide for "
         f"whvi, nf-whvi and whvi-lowrank, deep for whvi from {AUTO_DEEP_FROM_ROWS:,} (table3 for the others, chosen "
         "per method); "
         "table3: the WHVI paper's Table 3, 2x128, lr 1e-3, 50,500 steps; table6: its Table 6 / "
@@ -103,8 +102,8 @@ def add_uci_command(commands) -> None:
         choices=CHOICE_RULES,
         help="how each split chooses among several --protocol on its held-out rows: score (the default), the lowest "
         "validation MNLL, every candidate trained; noise-factor: in the order given, the first whose calibrated noise "
-        "factor there is at most 1, else the last (needs --calibrate-noise on; --protocol auto gives whvi "
-        f"narrow,table3 so below {AUTO_WIDE_FROM_ROWS:,} training rows)",
+        "factor there is at most 1, else the last (needs --calibrate-noise on; with --protocol auto, whvi's "
+        f"narrow,table3 below {AUTO_WIDE_FROM_ROWS:,} training rows, not the default)",
     )
     # The name of earlier releases, kept for one release: the same choices, with a notice on stderr.
     protocol.add_argument("--preset", choices=tuple(UCI_PROTOCOLS), dest="preset", help=argparse.SUPPRESS)

@@ -44,9 +44,9 @@ __all__ = [
 #: * ``narrow``: Table 3's network and steps at ``wide``'s learning rate, Adam 3e-3. On the four small UCI sets it
 #:   ends at a better ELBO on 20 of 20 splits and a lower test MNLL on 17 (yacht 0.825, against ``table3``'s 1.228);
 #:   on small synthetic sets with low noise it can end overconfident (hartmann6, 700 rows: 1.3 nats worse)
-#:   (``benchmarks/results/uci_small_variants/README.md``, "Where the ELBO goes on"), so ``auto`` gives it to WHVI
-#:   below :data:`AUTO_WIDE_FROM_ROWS` only where its calibrated noise factor on held-out rows says it is not
-#:   (:mod:`~pyro_whvi.experiments.auto_narrow`).
+#:   (``benchmarks/results/uci_small_variants/README.md``, "Where the ELBO goes on"), so ``auto`` keeps ``table3``;
+#:   ``--choose-by noise-factor`` gives it to WHVI where its calibrated noise factor says it is not
+#:   (:mod:`~pyro_whvi.experiments.auto_narrow`; not the default: it lost on Boston's fresh splits).
 #: * ``wide``: 2 hidden layers of 1024, Adam 3e-3, 50,500 steps. A WHVI layer of width D has 3D variational
 #:   parameters where a dense layer has D^2 (on 6 inputs 10,498 against the 128-unit one's 1,410), and a step costs
 #:   1.2x the 128-unit one (O(D log D)). For larger data sets (``docs/results/larger-data.md``).
@@ -99,8 +99,9 @@ def _units(name: str) -> int:
 
 def auto_protocol(train_rows: int, base: str = "whvi") -> str:
     """The protocol ``--protocol auto`` trains the method ``base`` with on ``train_rows`` training rows: ``table3``
-    below :data:`AUTO_WIDE_FROM_ROWS` (for WHVI with its noise calibrated there, ``narrow`` or ``table3`` by its
-    noise factor: :func:`~pyro_whvi.experiments.auto_narrow.factor_rule_fields`); from it ``wide`` for the methods
+    below :data:`AUTO_WIDE_FROM_ROWS` (with ``--choose-by noise-factor``, for WHVI with its noise calibrated there,
+    ``narrow`` or ``table3`` by its noise factor: :func:`~pyro_whvi.experiments.auto_narrow.factor_rule_fields`);
+    from it ``wide`` for the methods
     of :data:`WIDE_METHODS`, ``deep`` from
     :data:`AUTO_DEEP_FROM_ROWS` for those of :data:`DEEP_METHODS`; ``table3`` for the others. It costs one run,
     where choosing on held-out rows (``--protocol table3,wide``) costs about three and chose no better on the splits

@@ -1,4 +1,5 @@
-"""``--protocol auto``'s factor rule for WHVI below 3,000 training rows (:mod:`pyro_whvi.experiments.auto_narrow`):
+"""The factor rule for WHVI below 3,000 training rows, ``--protocol auto --choose-by noise-factor``
+(:mod:`pyro_whvi.experiments.auto_narrow`; not the default):
 ``narrow`` where its calibrated noise factor on the held-out rows is at most 1, else ``table3``. Resolved into
 :class:`~pyro_whvi.experiments.uci_config.UCIConfig` (``protocols``, ``choose_by``), chosen by
 :func:`~pyro_whvi.experiments.uci_train.choose_settings` and read into the split's row by
@@ -21,7 +22,7 @@ ROWS = 277  # yacht's training rows
 
 
 def _auto(train_rows: int = ROWS, methods=("whvi", "mcd", "mfg"), **fields) -> UCIConfig:
-    fields = {"calibrate_noise": "auto", "likelihood": "auto", "dropout": "auto", **fields}
+    fields = {"calibrate_noise": "auto", "likelihood": "auto", "dropout": "auto", "choose_by": FACTOR_RULE, **fields}
     return UCIConfig.from_protocol("auto", "yacht", train_rows=train_rows, methods=methods, **fields)
 
 
@@ -101,8 +102,9 @@ def test_the_rule_refuses_what_it_cannot_read():
         methods=("whvi", "mfg"), protocols=(narrow, table3), choose_by=FACTOR_RULE,
         method_calibrations=(("whvi", True),), method_protocols=(("mfg", table3),),
     )  # fmt: skip
-    with pytest.raises(ValueError, match="--choose-by: how a split chooses among several --protocol; auto chooses"):
-        _auto(choose_by=SCORE_RULE)
+    # Without --choose-by noise-factor (the default) auto gives WHVI table3, as before the rule.
+    default = _auto(choose_by=SCORE_RULE)
+    assert default.protocols == () and default.choose_by == SCORE_RULE and "noise factor" not in default.protocol
 
 
 def _three(tmp_path) -> tuple[UCIConfig, object]:
@@ -183,25 +185,23 @@ def test_the_rule_s_row_is_the_chosen_protocol_s_own_calibrated_row(tmp_path, mo
 
 
 def test_the_command_resolves_the_rule_and_takes_choose_by_for_named_protocols(tmp_path, uci_configs, capsys):
-    """The default command gives WHVI the rule; ``--protocol narrow,table3 --choose-by noise-factor
-    --calibrate-noise on`` is the same WHVI fingerprint, written out; without the calibration, or with ``auto``, the
-    flag is a usage error that says what to do."""
+    """``--choose-by noise-factor`` gives WHVI the rule under the default ``--protocol auto`` (the default command
+    keeps ``table3``); ``--protocol narrow,table3 --choose-by noise-factor --calibrate-noise on`` is the same WHVI
+    fingerprint, written out; without the calibration the flag is a usage error that says what to do."""
     from pyro_whvi.experiments.cli import main
 
     args = ["uci", "--dataset", "diabetes", "--methods", "whvi,mcd", "--splits", "0", "--out", str(tmp_path)]
     assert main(args) == 0
+    assert main([*args, "--choose-by", FACTOR_RULE]) == 0
     fixed = ["--protocol", "narrow,table3", "--choose-by", FACTOR_RULE, "--calibrate-noise", "on"]
     assert main([*args, *fixed]) == 0
-    default, named = uci_configs
-    assert default.choose_by == named.choose_by == FACTOR_RULE
-    assert default.fingerprint("whvi", "k") == named.fingerprint("whvi", "k")
-    for extra, message in (
-        (["--protocol", "narrow,table3", "--choose-by", FACTOR_RULE], "whvi has its noise uncalibrated"),
-        (["--choose-by", SCORE_RULE], "auto chooses its own"),
-    ):
-        with pytest.raises(SystemExit):
-            main([*args, *extra])
-        assert message in capsys.readouterr().err
+    default, opted, named = uci_configs
+    assert default.choose_by == SCORE_RULE and default.protocols == ()
+    assert opted.choose_by == named.choose_by == FACTOR_RULE
+    assert opted.fingerprint("whvi", "k") == named.fingerprint("whvi", "k") != default.fingerprint("whvi", "k")
+    with pytest.raises(SystemExit):
+        main([*args, "--protocol", "narrow,table3", "--choose-by", FACTOR_RULE])
+    assert "whvi has its noise uncalibrated" in capsys.readouterr().err
 
 
 def test_the_table_names_the_rule_and_each_split_s_factors():
