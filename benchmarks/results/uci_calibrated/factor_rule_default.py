@@ -1,10 +1,11 @@
-"""The default command since 2026-12-07 on the four small UCI sets: WHVI below 3,000 training rows at ``narrow`` where
-its calibrated noise factor on the held-out rows is at most 1, else ``table3`` (``--protocol auto``'s factor rule,
-``pyro_whvi/experiments/auto_narrow.py``). Prints each split against the default before (``table3``, calibrated:
-``whvi*/``), and checks each row against the run of the protocol it chose (``narrow`` calibrated, where it ran:
-``narrow_choice/``, ``energy_variants/``, ``concrete_narrow/``; ``table3`` calibrated: the default's): the same seeds
-and the same fits, so the test MNLL is the same float where that run was made on the same machine (elsewhere it
-differs in the rounding). Then the means, the paired differences and the fits trained.
+"""The factor rule on the four small UCI sets (``whvi uci --choose-by noise-factor``; the default for part of
+2026-12-07, when these runs were made): WHVI below 3,000 training rows at ``narrow`` where its calibrated noise
+factor on the held-out rows is at most 1, else ``table3`` (``pyro_whvi/experiments/auto_narrow.py``). Prints each
+split against the default (``table3``, calibrated: ``whvi*/``), and checks each row against the run of the protocol
+it chose (``narrow`` calibrated, where it ran: ``narrow_choice/``, ``energy_variants/``, ``concrete_narrow/``;
+``table3`` calibrated: the default's): the same seeds and the same fits, so the test MNLL is the same float where
+that run was made on the same machine (elsewhere it differs in the rounding). Then the means, the paired differences
+and the fits trained.
 
 Run from the repository root: ``python benchmarks/results/uci_calibrated/factor_rule_default.py``.
 """
