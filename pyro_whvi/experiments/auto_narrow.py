@@ -3,7 +3,8 @@ r"""The factor rule, ``whvi uci --choose-by noise-factor`` (with ``--protocol au
 noise factor on the held-out rows is at most 1, else the paper's Adam 1e-3 (``table3``). :class:`~.uci_config.UCIConfig`
 holds what it resolves to: the two as ``protocols``, chosen by :data:`FACTOR_RULE` (``choose_by``), and ``table3``
 for the run's other methods (``method_protocols``). **Not the default**: it was for part of 2026-12-07, until a check
-planned before Boston's splits 5-19 ran found it higher than ``table3`` on every split where it chose ``narrow``
+planned before Boston's splits 5-19 ran found it +0.016 ± 0.011 nats above ``table3`` there (higher on 6 of the 8
+splits where it chose ``narrow``)
 (``benchmarks/results/uci_calibrated/README.md``, "The factor rule as the default").
 
 Below a few thousand rows Adam 1e-3 leaves WHVI's ELBO unconverged at the paper's 50,500 steps, and ``narrow`` ends
