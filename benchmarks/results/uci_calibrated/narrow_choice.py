@@ -31,6 +31,12 @@ BAR = 0.1
 CHECK = "synthetic, the check planned before its runs (MNLL − floor)"
 #: hartmann6 at 500-1,500 rows, σ 0.05, a fresh seed (after the check): does ``narrow``'s loss at 700 rows repeat?
 REPEAT_RUNS = HERE / "narrow_hartmann6_repeat"
+#: Low-noise synthetic sets (σ 0.02 std f, 300 and 600 rows, seed 50) for :func:`clearly_below_one`, planned before
+#: their runs with :data:`STRICT_BAR`: where it keeps ``narrow`` no split above the default by more than ``BAR``,
+#: its mean difference at most 0, and it keeps ``narrow`` on at least this many splits for the check to say anything.
+STRICT_RUNS = HERE / "narrow_strict_check"
+STRICT = "synthetic, σ 0.02, the check of the stricter reading planned before its runs (MNLL − floor)"
+STRICT_BAR = 2
 # UCI set: (the default's folders, narrow's folders), a split from the first folder that has it
 UCI = {
     "yacht": ((HERE / "whvi",), split_folders(RUNS / "yacht_narrow")),
@@ -122,6 +128,7 @@ def main() -> None:
     groups["synthetic, hartmann6 at 500-1,500 rows and σ 0.05, a fresh seed (MNLL − floor)"] = synthetic_sets(
         REPEAT_RUNS
     )
+    groups[STRICT] = synthetic_sets(STRICT_RUNS)
     for group, sets in groups.items():
         table, means, everything = [], [], []
         for name, (summary, default_folders, narrow_folders) in sets.items():
@@ -150,6 +157,16 @@ def main() -> None:
                 f"narrow where c ≤ 1, training seconds over the default's: {rule_seconds / default_seconds:.2f} "
                 f"(summed over the {len(everything)} splits; three fits on the {wider} with c > 1)"
             )
+            if group == STRICT:
+                strict = RULES[f"narrow where c ≤ 1 − {Z}/√(2n)"]
+                picked = [row[strict] - row[0] for row in everything if row[strict] != row[0]]
+                differences = against_default[f"narrow where c ≤ 1 − {Z}/√(2n)"]
+                if len(picked) < STRICT_BAR:
+                    verdict = f"says nothing: narrow kept on {len(picked)} of {len(everything)}"
+                else:
+                    met = max(picked) <= BAR and sum(differences) <= 0
+                    verdict = f"{'met' if met else 'not met'} (narrow kept on {len(picked)} of {len(everything)})"
+                print(f"the stricter reading's bar (no pick above +{BAR}, mean at most 0): {verdict}")
             if group == CHECK:
                 differences = against_default["narrow where c ≤ 1"]
                 mean, standard_error = mean_and_standard_error(differences)
