@@ -6,7 +6,9 @@ again. Prints each split (on sets with a known floor MNLL − floor) and the mea
 choice, how often the choice took the lower test MNLL, and ``narrow`` kept only where its held-out factor is at
 most 1 (a rule read off these rows: :func:`compare`). The synthetic runs of ``narrow_rule_check/``, made after the
 rule to check it, are a group of their own, with the bar set for them before they ran (:data:`BAR`), and those of
-``narrow_hartmann6_repeat/`` (:data:`REPEAT_RUNS`) another.
+``narrow_hartmann6_repeat/`` (:data:`REPEAT_RUNS`) another, and those of ``narrow_strict_check/``
+(:data:`STRICT_RUNS`, σ 0.02) a last, with the bar set before they ran for the stricter reading
+:func:`clearly_below_one` (:data:`STRICT_BAR`).
 
 Run from the repository root: ``python benchmarks/results/uci_calibrated/narrow_choice.py``.
 """
