@@ -58,8 +58,10 @@ HEADER = ["set", "split", "held-out, default / narrow", "test, default", "test, 
 HEADER += ["choice", "right?", "narrow's factor c", "where c ≤ 1", "where c ≤ 1 − z/√(2n)"]
 #: The one-sided normal quantile of :func:`clearly_below_one`'s test (5%), a convention, not read off these rows.
 Z = 1.645
+#: :func:`clearly_below_one`'s rule, as the tables name it.
+STRICT_RULE = f"narrow where c ≤ 1 − {Z}/√(2n)"
 #: The rules read off the rows: the column of each in the tuples :func:`compare` returns.
-RULES = {"narrow": 1, "the choice": 2, "narrow where c ≤ 1": 3, f"narrow where c ≤ 1 − {Z}/√(2n)": 4}
+RULES = {"narrow": 1, "the choice": 2, "narrow where c ≤ 1": 3, STRICT_RULE: 4}
 
 
 def clearly_below_one(row: dict) -> bool:
@@ -160,9 +162,9 @@ def main() -> None:
                 f"(summed over the {len(everything)} splits; three fits on the {wider} with c > 1)"
             )
             if group == STRICT:
-                strict = RULES[f"narrow where c ≤ 1 − {Z}/√(2n)"]
+                strict = RULES[STRICT_RULE]
                 picked = [row[strict] - row[0] for row in everything if row[strict] != row[0]]
-                differences = against_default[f"narrow where c ≤ 1 − {Z}/√(2n)"]
+                differences = against_default[STRICT_RULE]
                 if len(picked) < STRICT_BAR:
                     verdict = f"says nothing: narrow kept on {len(picked)} of {len(everything)}"
                 else:
